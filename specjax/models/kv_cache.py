@@ -1,0 +1,47 @@
+"""The preallocated KV cache: one `[B, S, K, H]` key and value buffer per layer.
+
+Slot s of a row holds the keys and values of that row's position s. Entries
+past a row's committed length are stale (rejected drafts, prompt padding): the
+causal mask hides them and the next write overwrites them, so nothing is ever
+copied back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specjax.models.config import GemmaConfig
+
+CACHE_AXES = ('batch', 'slot', 'kv_heads', 'head_dim')
+
+Cache = list  # list[dict[str, Array]], one {'k', 'v'} dict per layer
+
+
+def init(config: GemmaConfig, batch: int, num_slots: int, dtype: Any = jnp.float32,
+         num_layers: int | None = None) -> Cache:
+  shape = (batch, num_slots, config.num_kv_heads, config.head_dim)
+  return [{'k': jnp.zeros(shape, dtype), 'v': jnp.zeros(shape, dtype)}
+          for _ in range(num_layers or config.num_layers)]
+
+
+def num_slots(cache: Cache) -> int:
+  return cache[0]['k'].shape[1]
+
+
+def write(layer_cache: dict[str, jax.Array], k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array,
+          start_B: jax.Array) -> dict[str, jax.Array]:
+  """Writes T new entries per row at that row's own start slot.
+
+  Callers guarantee start + T <= S (dynamic_update_slice would otherwise clamp
+  the start and silently overwrite the wrong slots); the decoding loops size
+  the cache for this and check it before compiling.
+  """
+  def row(buf_SxKxH, new_TxKxH, start):
+    return jax.lax.dynamic_update_slice(buf_SxKxH, new_TxKxH.astype(buf_SxKxH.dtype),
+                                        (start, 0, 0))
+  write_rows = jax.vmap(row)
+  return {'k': write_rows(layer_cache['k'], k_BxTxKxH, start_B),
+          'v': write_rows(layer_cache['v'], v_BxTxKxH, start_B)}

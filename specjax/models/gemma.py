@@ -92,7 +92,7 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, layer_cache: dict[str, Array]):
     cfg = self.config
-    init = nn.initializers.normal(0.02)
+    init = nn.initializers.normal(0.2)
     num_q = cfg.num_heads
     num_kv = cfg.num_kv_heads
     q_DxNxH = self.param('q_DxNxH', init, (cfg.embed_dim, num_q, cfg.head_dim))
@@ -147,7 +147,7 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD: Array) -> Array:
     cfg = self.config
-    init = nn.initializers.normal(0.02)
+    init = nn.initializers.normal(0.2)
     gate_DxF = self.param('gate_DxF', init, (cfg.embed_dim, cfg.hidden_dim))
     up_DxF = self.param('up_DxF', init, (cfg.embed_dim, cfg.hidden_dim))
     down_FxD = self.param('down_FxD', init, (cfg.hidden_dim, cfg.embed_dim))
@@ -193,7 +193,7 @@ class Transformer(nn.Module):
   def __call__(self, tokens_BxT: Array, positions_BxT: Array, cache: Cache,
                logit_indices_BxR: Array | None = None, num_layers: int | None = None):
     cfg = self.config
-    embedding_DxV = self.param('embedding_DxV', nn.initializers.normal(1.0),
+    embedding_DxV = self.param('embedding_DxV', nn.initializers.normal(cfg.embed_dim ** -0.5),
                                (cfg.embed_dim, cfg.vocab_size))
     x_BxTxD = embed(embedding_DxV, tokens_BxT, self.model_axis)
     x_BxTxD = x_BxTxD * jnp.asarray(math.sqrt(cfg.embed_dim), x_BxTxD.dtype)

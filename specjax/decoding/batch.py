@@ -1,0 +1,86 @@
+"""Packing prompts of different lengths into the fixed shapes one program needs.
+
+Each row keeps its own length and positions (no left padding, no lockstep):
+prompt tokens sit at slots [0, length) of a `[B, S]` token buffer whose slots
+match the KV cache's. Shapes are bucketed (prefill length to a power of two,
+slots to a multiple of 128) so that a sweep over many prompts compiles a few
+programs, not one per prompt. Rows added to fill a mesh's 'data' axis are
+marked inactive and never touch results or statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptBatch:
+  tokens_BxS: np.ndarray      # int32; prompt at [0, length), zeros after
+  lengths_B: np.ndarray       # int32 prompt lengths (1 for inactive rows)
+  row_ids_B: np.ndarray       # uint32 rng stream id per row
+  active_B: np.ndarray        # bool; False for padding rows
+  prefill_len: int            # static prefill width (>= every prompt length)
+
+  @property
+  def num_slots(self) -> int:
+    return self.tokens_BxS.shape[1]
+
+  @property
+  def num_rows(self) -> int:
+    return int(self.active_B.sum())
+
+
+def _next_power_of_two(n: int, minimum: int = 16) -> int:
+  return max(minimum, 1 << (n - 1).bit_length())
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def pack(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, extra_slots: int = 0,
+         max_slots: int, row_ids: Sequence[int] | None = None, rows_multiple: int = 1,
+         vocab_size: int | None = None) -> PromptBatch:
+  """Validates prompts and lays them out; `extra_slots` is what a verify step
+  may write past the last committed token (gamma + 1 for speculative decoding)."""
+  if not prompts:
+    raise ValueError('no prompts given')
+  if max_new_tokens < 1:
+    raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}')
+  lengths = [len(p) for p in prompts]
+  for i, (prompt, n) in enumerate(zip(prompts, lengths)):
+    if n == 0:
+      raise ValueError(f'prompt {i} is empty: every prompt needs at least one token (BOS)')
+    needed = n + max_new_tokens + extra_slots
+    if needed > max_slots:
+      raise ValueError(
+          f'prompt {i} has {n} tokens; with max_new_tokens={max_new_tokens} and '
+          f'{extra_slots} verify slots it needs {needed} cache slots, more than the '
+          f'{max_slots} allowed (max_cache_len / the model\'s context)')
+    if vocab_size is not None and (min(prompt) < 0 or max(prompt) >= vocab_size):
+      raise ValueError(f'prompt {i} has token ids outside [0, {vocab_size})')
+  prefill_len = min(_next_power_of_two(max(lengths)), max_slots)
+  num_slots = min(max_slots, _round_up(max(prefill_len, max(lengths) + max_new_tokens
+                                           + extra_slots), 128))
+  num_slots = max(num_slots, prefill_len)
+  real = len(prompts)
+  batch = _round_up(real, rows_multiple)
+  tokens = np.zeros((batch, num_slots), np.int32)
+  for i, prompt in enumerate(prompts):
+    tokens[i, :len(prompt)] = prompt
+  lengths_b = np.ones((batch,), np.int32)
+  lengths_b[:real] = lengths
+  ids = np.arange(batch, dtype=np.uint32) if row_ids is None else np.asarray(
+      list(row_ids) + [0] * (batch - real), np.uint32)
+  active = np.arange(batch) < real
+  return PromptBatch(tokens, lengths_b, ids, active, prefill_len)
+
+
+def new_tokens(tokens_BxS: np.ndarray, prompt_lengths_B: np.ndarray,
+               num_new_B: np.ndarray, active_B: np.ndarray) -> list[list[int]]:
+  """The generated ids of every active row (EOS included when one ended it)."""
+  return [tokens_BxS[b, prompt_lengths_B[b]:prompt_lengths_B[b] + num_new_B[b]].tolist()
+          for b in range(len(active_B)) if active_B[b]]

@@ -1,0 +1,80 @@
+"""A Gemma architecture bound to how it runs: one device, or shard_map on a mesh.
+
+Decoding loops only call `forward` and `init_cache`; whether the model is
+split over a ('data', 'model') mesh is invisible to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from specjax import sharding
+from specjax.models import kv_cache as kv_cache_lib
+from specjax.models.config import GemmaConfig
+from specjax.models.gemma import Transformer
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LanguageModel:
+  """`forward(params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
+  num_layers=None) -> (logits_BxRxV float32, cache)`."""
+
+  config: GemmaConfig
+  mesh: Mesh | None = None
+  cache_dtype: jnp.dtype = jnp.float32
+
+  def __post_init__(self):
+    if self.mesh is not None:
+      if tuple(self.mesh.axis_names) != sharding.MESH_AXES:
+        raise ValueError(f'mesh axes must be {sharding.MESH_AXES}, got {self.mesh.axis_names}')
+      sharding.check_divisible(self.config, self.mesh.shape['model'])
+
+  @property
+  def data_parallelism(self) -> int:
+    return 1 if self.mesh is None else self.mesh.shape['data']
+
+  def init_cache(self, batch: int, num_slots: int):
+    cache = kv_cache_lib.init(self.config, batch, num_slots, self.cache_dtype)
+    if self.mesh is None:
+      return cache
+    specs = sharding.cache_specs(cache, self.config, self.mesh.shape['model'])
+    return jax.tree.map(
+        lambda x, s: jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, s)),
+        cache, specs)
+
+  def forward(self, params, tokens_BxT: Array, positions_BxT: Array, cache,
+              logit_indices_BxR: Array | None = None, num_layers: int | None = None):
+    if self.mesh is None:
+      return Transformer(self.config).apply(
+          {'params': params}, tokens_BxT, positions_BxT, cache, logit_indices_BxR, num_layers)
+    return self._sharded_forward(params, tokens_BxT, positions_BxT, cache,
+                                 logit_indices_BxR, num_layers)
+
+  def _sharded_forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR,
+                       num_layers):
+    model_size = self.mesh.shape['model']
+    p_specs = sharding.param_specs(params, self.config, model_size)
+    c_specs = sharding.cache_specs(cache, self.config, model_size)
+    rows = P('data')
+    module = Transformer(self.config, model_axis='model')
+
+    def local(params, tokens, positions, cache, indices):
+      return module.apply({'params': params}, tokens, positions, cache, indices, num_layers)
+
+    fn = jax.shard_map(
+        local, mesh=self.mesh,
+        in_specs=(p_specs, rows, rows, c_specs, None if logit_indices_BxR is None else rows),
+        out_specs=(P('data', None, None), c_specs), check_vma=False)
+    return fn(params, tokens_BxT, positions_BxT, cache, logit_indices_BxR)
+
+
+@functools.cache
+def single_device(config: GemmaConfig) -> LanguageModel:
+  return LanguageModel(config)

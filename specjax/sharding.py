@@ -1,0 +1,70 @@
+"""Megatron-style sharding of the Gemma forward over a ('data', 'model') mesh.
+
+Rows are split over 'data'; query heads, MLP width and vocabulary over
+'model'. K/V heads are split too when their count divides the axis size, and
+replicated otherwise (Gemma 3 270M and 1B have a single K/V head). The rules
+are a table keyed by parameter name, so a new weight needs one line here.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from specjax.models.config import GemmaConfig
+
+MESH_AXES = ('data', 'model')
+
+
+def make_mesh(data: int, model: int, devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  if data < 1 or model < 1:
+    raise ValueError(f'mesh axes must be >= 1, got data={data} model={model}')
+  if data * model > len(devices):
+    raise ValueError(f'a data={data} x model={model} mesh needs {data * model} devices, '
+                     f'only {len(devices)} are available')
+  return jax.make_mesh((data, model), MESH_AXES, devices=devices[:data * model])
+
+
+def _kv_split(config: GemmaConfig, model_size: int) -> str | None:
+  return 'model' if config.num_kv_heads % model_size == 0 else None
+
+
+def check_divisible(config: GemmaConfig, model_size: int) -> None:
+  for name, size in (('num_heads', config.num_heads), ('hidden_dim', config.hidden_dim),
+                     ('vocab_size', config.vocab_size)):
+    if size % model_size:
+      raise ValueError(f'{name}={size} is not divisible by the model axis size {model_size}')
+
+
+def param_specs(params, config: GemmaConfig, model_size: int):
+  """A PartitionSpec for every parameter, chosen by its name."""
+  kv = _kv_split(config, model_size)
+  rules = {
+      'embedding_DxV': P(None, 'model'),
+      'q_DxNxH': P(None, 'model', None),
+      'k_DxKxH': P(None, kv, None),
+      'v_DxKxH': P(None, kv, None),
+      'o_NxHxD': P('model', None, None),
+      'gate_DxF': P(None, 'model'),
+      'up_DxF': P(None, 'model'),
+      'down_FxD': P('model', None),
+      'scale': P(),
+  }
+
+  def spec(path, _):
+    name = path[-1].key
+    if name not in rules:
+      raise ValueError(f'no sharding rule for parameter {jax.tree_util.keystr(path)}')
+    return rules[name]
+  return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def cache_specs(cache, config: GemmaConfig, model_size: int):
+  spec = P('data', None, _kv_split(config, model_size), None)
+  return jax.tree.map(lambda _: spec, cache)
+
+
+def shard_params(params, config: GemmaConfig, mesh: Mesh):
+  specs = param_specs(params, config, mesh.shape['model'])
+  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)

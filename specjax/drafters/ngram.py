@@ -1,0 +1,70 @@
+"""Prompt lookup decoding (Saxena 2023): draft by copying from the context.
+
+Match each row's last n committed tokens (n from `max_n` down to `min_n`)
+against every earlier window of its context; at the most recent match, propose
+the gamma tokens that followed it. The matched copy is periodic: if the
+continuation runs into the suffix itself, it repeats with the period of the
+match, which is what the target does in a loop. With no match at any n, the
+last token is repeated (any proposal is safe; only the acceptance rate pays).
+Fixed shapes throughout: a [B, S] comparison per n, no host work. The proposal
+is deterministic, so q is one-hot (returned as None).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters import base
+
+Array = jax.Array
+
+
+def find_match(tokens_BxS: Array, lengths_B: Array, n: int) -> tuple[Array, Array]:
+  """The latest start j < L - n whose n tokens equal the row's last n tokens."""
+  batch, num_slots = tokens_BxS.shape
+  rows = jnp.arange(batch)
+  starts_S = jnp.arange(num_slots)
+  match_BxS = jnp.ones((batch, num_slots), bool)
+  for k in range(n):
+    suffix_token_B = tokens_BxS[rows, jnp.clip(lengths_B - n + k, 0, num_slots - 1)]
+    shifted_BxS = jnp.roll(tokens_BxS, -k, axis=1)  # shifted[:, j] = tokens[:, j + k]
+    match_BxS &= shifted_BxS == suffix_token_B[:, None]
+  match_BxS &= starts_S[None, :] + n < lengths_B[:, None]  # a continuation exists
+  match_BxS &= (lengths_B >= n + 1)[:, None]
+  start_B = jnp.max(jnp.where(match_BxS, starts_S[None, :], -1), axis=1)
+  return start_B >= 0, jnp.maximum(start_B, 0)
+
+
+def propose_ngram(tokens_BxS: Array, lengths_B: Array, gamma: int, max_n: int,
+                  min_n: int) -> Array:
+  batch, num_slots = tokens_BxS.shape
+  rows = jnp.arange(batch)
+  last_B = tokens_BxS[rows, jnp.maximum(lengths_B - 1, 0)]
+  draft_BxG = jnp.broadcast_to(last_B[:, None], (batch, gamma))
+  found_any_B = jnp.zeros((batch,), bool)
+  for n in range(max_n, min_n - 1, -1):
+    found_B, start_B = find_match(tokens_BxS, lengths_B, n)
+    use_B = found_B & ~found_any_B
+    follow_B = start_B + n
+    period_B = jnp.maximum(lengths_B - follow_B, 1)
+    idx_BxG = follow_B[:, None] + jnp.arange(gamma)[None, :] % period_B[:, None]
+    copied_BxG = jnp.take_along_axis(tokens_BxS, jnp.clip(idx_BxG, 0, num_slots - 1), axis=1)
+    draft_BxG = jnp.where(use_B[:, None], copied_BxG, draft_BxG)
+    found_any_B |= found_B
+  return draft_BxG.astype(jnp.int32)
+
+
+def make(max_n: int = 3, min_n: int = 1) -> base.Drafter:
+  if not 1 <= min_n <= max_n:
+    raise ValueError(f'ngram sizes need 1 <= ngram_min <= ngram_max, got {min_n}, {max_n}')
+
+  def propose(dparams, state, tokens_BxS, lengths_B, keys_B, sampling, gamma,
+              target_params, target_cache):
+    del dparams, keys_B, sampling, target_params
+    return propose_ngram(tokens_BxS, lengths_B, gamma, max_n, min_n), None, state, target_cache
+
+  return base.Drafter(name='ngram', vocab_size=None, init=base.no_state_init,
+                      update=base.no_state_update, propose=propose)

@@ -1,0 +1,162 @@
+"""`run_experiment(config)`: every method on every prompt, timed, written as it goes.
+
+The library function behind `python -m specjax.run`, callable from a notebook
+with `configs/gemma.py`'s `get_config()`. The autoregressive baseline runs
+first, then each drafter; rows land in `output_dir/results.jsonl` one by one,
+so a killed run resumes where it stopped, and `summary.json` / `summary.md`
+are written at the end.
+
+Times exclude compilation: the first batch of each shape bucket is run once,
+untimed, before the batches that are timed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import platform
+import sys
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from absl import logging
+import jax
+
+from specjax.experiments import loading
+from specjax.experiments import methods as methods_lib
+from specjax.experiments import prompts as prompts_lib
+from specjax.experiments import results as results_lib
+from specjax.experiments import summary as summary_lib
+from specjax.experiments.config import BASELINE, ExperimentConfig
+
+_SHOWN_CHARS = 240  # of each generation, on stdout
+TIMING_NOTE = ('Times exclude compilation: the first batch of each shape bucket ran once, '
+               'untimed, before the timed run.')
+
+
+def run_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
+  """Runs `config` (a ConfigDict or dict with every key of configs/gemma.py); returns the summary."""
+  cfg = ExperimentConfig.from_config(config)
+  prompts = prompts_lib.select(prompts_lib.load_prompts(cfg.prompts), cfg.categories, cfg.limit)
+  results = results_lib.ResultsDir(cfg)
+  loaded = functools.cache(lambda: _load(cfg, prompts))  # only if some row is missing
+  rows = {}
+  for method in cfg.methods:
+    rows[method] = _run_method(method, cfg, prompts, results, loaded, baseline=rows.get(BASELINE))
+  summary = _summary(cfg, [row for method_rows in rows.values() for row in method_rows.values()])
+  summary_json = json.dumps(summary, indent=2) + '\n'
+  results_lib.write_text(cfg.output_dir, results_lib.SUMMARY_JSON, summary_json)
+  results_lib.write_text(cfg.output_dir, results_lib.SUMMARY_MD, summary_lib.markdown(summary))
+  print(f'\n{summary["title"]}\n{TIMING_NOTE}\n\n{summary_lib.table(summary["methods"])}\n'
+        f'\nWritten to {cfg.output_dir}/')
+  return summary
+
+
+def run_sweep(config: Mapping[str, Any], overrides: Sequence[Mapping[str, Any]]
+              ) -> list[dict[str, Any]]:
+  """Runs `config` once per override; writes sweep.json and sweep.md beside the results.
+
+  The points share output_dir, so rows are reused across them: the baseline
+  runs once, and a rerun of the sweep only computes what is missing.
+  """
+  base = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+  summaries = [run_experiment({**base, **override}) for override in overrides]
+  points = [dict(method=method, **fig) for s in summaries for method, fig in s['methods'].items()
+            if method != BASELINE or s is summaries[0]]
+  table = summary_lib.table({p['method'] if p['method'] == BASELINE else
+                             f'{p["method"]} gamma={p["gamma"]}': p for p in points})
+  results_lib.write_text(base['output_dir'], 'sweep.json', json.dumps(points, indent=2) + '\n')
+  results_lib.write_text(base['output_dir'], 'sweep.md', f'# Sweep\n\n{TIMING_NOTE}\n\n{table}\n')
+  print(f'\nSweep\n\n{table}')
+  return summaries
+
+
+def _load(cfg: ExperimentConfig, prompts: Sequence[prompts_lib.Prompt]):
+  """Every method's runner, the tokenizer, each prompt's token ids and the stop ids.
+
+  All drafters are built here, so a bad drafter setting fails before the
+  baseline has run, not after.
+  """
+  logging.info('Loading %s', cfg.model)
+  model, params, tokenizer = loading.load(cfg)
+  token_ids = {}
+  for p in prompts:
+    text = tokenizer.apply_chat_template(p.text) if cfg.chat_template else p.text
+    token_ids[p.id] = tokenizer.encode(text, add_bos=True)
+  eos_ids = tuple(i for i in (tokenizer.eos_id, getattr(tokenizer, 'end_of_turn_id', None))
+                  if i is not None)
+  runners = {m: methods_lib.make_runner(m, model, params, cfg, eos_ids) for m in cfg.methods}
+  return runners, tokenizer, token_ids, eos_ids
+
+
+def _run_method(method, cfg: ExperimentConfig, prompts, results, loaded, baseline):
+  """This method's row for every prompt: read back from results.jsonl, or computed now."""
+  fingerprint = cfg.fingerprint(method)
+  done = {p.id: results.get(p.id, method, fingerprint) for p in prompts}
+  pending = [p for p in prompts if done[p.id] is None]
+  logging.info('%s: %d of %d prompts already in %s', method, len(prompts) - len(pending),
+               len(prompts), results.path)
+  if not pending:
+    return done
+  runners, tokenizer, token_ids, eos_ids = loaded()
+  runner = runners[method]
+  position = {p.id: i + 1 for i, p in enumerate(prompts)}
+  compiled = set()
+  for start in range(0, len(pending), cfg.batch_size):
+    batch = pending[start:start + cfg.batch_size]
+    ids = [token_ids[p.id] for p in batch]
+    row_ids = [zlib.crc32(p.id.encode()) for p in batch]  # the rng stream follows the prompt
+    bucket = runner.bucket(ids)
+    if bucket not in compiled:
+      logging.info('%s: compiling shape bucket %s (untimed run)', method, bucket)
+      runner.run(ids, row_ids)
+      compiled.add(bucket)
+    out = runner.run(ids, row_ids)
+    for p, prompt_ids, new_ids, stats in zip(batch, ids, out.new_tokens, out.stats):
+      row = _row(cfg, method, fingerprint, p, prompt_ids, new_ids, out.wall_s / len(batch),
+                 out.wall_s, tokenizer, eos_ids, stats, baseline)
+      results.append(row)
+      done[p.id] = row
+      _show(row, position[p.id], len(prompts))
+  return done
+
+
+def _row(cfg, method, fingerprint, prompt, prompt_ids, new_ids, wall_s, batch_wall_s, tokenizer,
+         eos_ids, stats, baseline) -> dict[str, Any]:
+  shown = new_ids[:-1] if new_ids and new_ids[-1] in eos_ids else new_ids
+  row = dict(prompt_id=prompt.id, category=prompt.category, method=method,
+             fingerprint=fingerprint, temperature=cfg.temperature,
+             prompt_tokens=len(prompt_ids), new_tokens=len(new_ids),
+             wall_s=wall_s,               # this row's share of its batch's time
+             batch_wall_s=batch_wall_s, batch_size=cfg.batch_size,
+             tokens_per_s=len(new_ids) / wall_s if wall_s > 0 else None,
+             output_ids=list(new_ids), text=tokenizer.decode(shown))
+  if method != BASELINE:
+    row.update(stats)
+    row['identical_to_baseline'] = new_ids == baseline[prompt.id]['output_ids']
+  return row
+
+
+def _show(row, index: int, total: int) -> None:
+  rate = f'{row["tokens_per_s"]:.1f}' if row['tokens_per_s'] else '-'
+  logging.info('prompt %d/%d %s %s: %d new tokens, %s tokens/s', index, total, row['method'],
+               row['prompt_id'], row['new_tokens'], rate)
+  text = row['text'] if len(row['text']) <= _SHOWN_CHARS else row['text'][:_SHOWN_CHARS] + ' ...'
+  print(f'--- [{row["method"]}] {row["prompt_id"]} ({row["category"]}), {row["new_tokens"]} '
+        f'tokens, {rate} tokens/s\n{text}', flush=True)
+
+
+def _summary(cfg: ExperimentConfig, rows) -> dict[str, Any]:
+  device = jax.devices()[0]
+  summary = dict(
+      title=f'{cfg.model}: {", ".join(cfg.methods)} (temperature {cfg.temperature}, '
+            f'max_new_tokens {cfg.max_new_tokens}, batch_size {cfg.batch_size})',
+      timing=TIMING_NOTE,
+      command=('python -m specjax.run ' + ' '.join(sys.argv[1:])
+               if sys.argv and sys.argv[0].endswith('run.py') else 'run_experiment(config)'),
+      device=dict(platform=device.platform, kind=device.device_kind, count=jax.device_count()),
+      versions=dict(python=platform.python_version(), jax=jax.__version__),
+      config=cfg.to_dict())
+  summary.update(summary_lib.summarize(rows, cfg.methods))
+  return summary

@@ -1,0 +1,163 @@
+"""The experiment's settings as one frozen dataclass, checked once at the edge.
+
+`configs/*.py` build an `ml_collections.ConfigDict`; nothing past
+`ExperimentConfig.from_config` sees it. Every check raises a ValueError that
+names the config key, so a typo fails before a model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from specjax import drafters
+from specjax.decoding.sampling import SamplingConfig
+
+DRAFTERS = drafters.DRAFTER_NAMES
+BASELINE = 'autoregressive'
+TINY_RANDOM = 'tiny-random'  # a random tiny model with a byte tokenizer, for tests only
+EMBEDDED_PREFIX = 'embedded:'
+EMBEDDED_MODELS = ('gemma3-270m',)
+
+# Keys that change what every method computes or how fast: rows written under
+# other values of these cannot be reused.
+SHARED_KEYS = ('model', 'tokenizer', 'prompts', 'max_new_tokens', 'temperature', 'top_k', 'top_p',
+                'seed', 'batch_size', 'chat_template', 'max_cache_len', 'mesh_data', 'mesh_model')
+# Keys each drafter's rows depend on, on top of the shared ones.
+_DRAFTER_KEYS = {
+    'ngram': ('gamma', 'ngram_max', 'ngram_min'),
+    'draft_model': ('gamma', 'draft_model'),
+    'early_exit': ('gamma', 'early_exit_layers'),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """One run; see configs/gemma.py for what each key means."""
+
+  model: str
+  tokenizer: str
+  prompts: str
+  limit: int
+  categories: tuple[str, ...]
+  max_new_tokens: int
+  temperature: float
+  top_k: int
+  top_p: float
+  seed: int
+  batch_size: int
+  output_dir: str
+  resume: bool
+  chat_template: bool
+  max_cache_len: int
+  mesh_data: int
+  mesh_model: int
+  drafters: tuple[str, ...]
+  gamma: int
+  ngram_max: int
+  ngram_min: int
+  draft_model: str
+  early_exit_layers: int
+
+  @classmethod
+  def from_config(cls, config: Mapping[str, Any]) -> ExperimentConfig:
+    """From a ConfigDict or a plain dict holding every key of configs/gemma.py."""
+    values = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+      raise ConfigError(f'unknown config key(s) {", ".join(unknown)}; known: {", ".join(names)}')
+    missing = [n for n in names if n not in values]
+    if missing:
+      raise ConfigError(f'config lacks key(s) {", ".join(missing)}; start from '
+                       "configs/gemma.py's get_config()")
+    for key in ('categories', 'drafters'):
+      if isinstance(values[key], str):
+        values[key] = (values[key],) if values[key] else ()
+      values[key] = tuple(values[key])
+    return cls(**values)
+
+  def __post_init__(self):
+    _check_types(self)
+    for key in ('limit', 'top_k'):
+      _check(getattr(self, key) >= 0, key, 'must be >= 0 (0 switches it off)')
+    for key in ('max_new_tokens', 'batch_size', 'max_cache_len', 'mesh_data', 'mesh_model',
+                'gamma', 'ngram_min', 'early_exit_layers'):
+      _check(getattr(self, key) >= 1, key, 'must be >= 1')
+    _check(self.ngram_max >= self.ngram_min, 'ngram_max', f'must be >= ngram_min ({self.ngram_min})')
+    try:
+      self.sampling
+    except ValueError as e:
+      raise ConfigError(f'config: {e}') from None
+    _check(self.output_dir != '', 'output_dir', 'must name a directory')
+    _check(self.model == TINY_RANDOM or _is_checkpoint(self.model), 'model',
+           f'is {self.model!r}: not {TINY_RANDOM!r}, not embedded:NAME and not an existing path')
+    for key in ('model', 'draft_model'):
+      value = getattr(self, key)
+      if value.startswith(EMBEDDED_PREFIX):
+        name = value[len(EMBEDDED_PREFIX):]
+        _check(name in EMBEDDED_MODELS, key,
+               f'names unknown embedded model {name!r}; known: {", ".join(EMBEDDED_MODELS)}')
+    for key in ('tokenizer', 'prompts'):
+      path = getattr(self, key)
+      _check(not path or os.path.exists(path), key, f'is {path!r}, which does not exist')
+    for name in self.drafters:
+      _check(name in DRAFTERS, 'drafters',
+             f'holds unknown drafter {name!r}; known: {", ".join(DRAFTERS)}')
+    _check(len(set(self.drafters)) == len(self.drafters), 'drafters', 'names a drafter twice')
+    if 'draft_model' in self.drafters:
+      _check(self.draft_model != '', 'draft_model',
+             "must name a checkpoint when drafters include 'draft_model'")
+      _check(_is_checkpoint(self.draft_model), 'draft_model',
+             f'is {self.draft_model!r}: not embedded:NAME and not an existing path')
+
+  @property
+  def sampling(self) -> SamplingConfig:
+    return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+  @property
+  def methods(self) -> tuple[str, ...]:
+    """The baseline first: every speculative row is compared with it."""
+    return (BASELINE,) + self.drafters
+
+  def fingerprint(self, method: str = BASELINE) -> str:
+    """A short hash of the settings `method`'s rows depend on (resume keys)."""
+    keys = SHARED_KEYS + _DRAFTER_KEYS.get(method, ())
+    return _hash({k: getattr(self, k) for k in keys})
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def _is_checkpoint(value: str) -> bool:
+  return value.startswith(EMBEDDED_PREFIX) or os.path.exists(value)
+
+
+def _hash(values: dict[str, Any]) -> str:
+  return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class ConfigError(ValueError):
+  """A bad config value or input file: the user's to fix, so reported without a traceback."""
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+  if not ok:
+    raise ConfigError(f'config.{key} {message}')
+
+
+def _check_types(config: ExperimentConfig) -> None:
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    kind = {'int': int, 'float': (int, float), 'str': str, 'bool': bool}.get(field.type)
+    if kind is None:  # tuple[str, ...]
+      ok = all(isinstance(v, str) for v in value)
+      kind_name = 'a tuple of names'
+    else:
+      ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+      kind_name = f'a {field.type}'
+    _check(ok, field.name, f'must be {kind_name}, got {value!r}')

@@ -1,0 +1,62 @@
+"""Model, parameters and tokenizer for an experiment, placed on its mesh.
+
+The tokenizer comes from the checkpoint when it carries one (a GGUF file's
+metadata, a Hugging Face directory's tokenizer.model); `config.tokenizer`
+overrides that and is required for checkpoints without one.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from specjax import checkpoints
+from specjax import sharding
+from specjax.experiments import tiny
+from specjax.experiments.config import EMBEDDED_PREFIX, TINY_RANDOM, ConfigError, ExperimentConfig
+from specjax.models import language_model
+from specjax.tokenizer import Tokenizer
+
+
+def load(config: ExperimentConfig):
+  """(LanguageModel, params, tokenizer) for `config.model`."""
+  if config.model == TINY_RANDOM:
+    model_config, params, tokenizer = tiny.load(config.seed)
+  else:
+    model_config, params = checkpoints.load_checkpoint(config.model)
+    tokenizer = load_tokenizer(config.tokenizer or _tokenizer_source(config.model))
+  mesh = None
+  if config.mesh_data * config.mesh_model > 1:
+    mesh = sharding.make_mesh(config.mesh_data, config.mesh_model)
+  return *_place(model_config, params, mesh), tokenizer
+
+
+def load_draft_model(config: ExperimentConfig, target: language_model.LanguageModel):
+  """(LanguageModel, params) of the 'draft_model' drafter, placed like the target."""
+  return _place(*checkpoints.load_checkpoint(config.draft_model), target.mesh)
+
+
+def _place(model_config, params, mesh):
+  if mesh is None:  # One shared instance per config, so jit caches hit across runs.
+    return language_model.single_device(model_config), params
+  model = language_model.LanguageModel(model_config, mesh)
+  return model, sharding.shard_params(params, model_config, mesh)
+
+
+def load_tokenizer(path: str):
+  path = pathlib.Path(path)
+  if path.is_dir():
+    path = path / 'tokenizer.model'
+  if path.suffix == '.gguf':
+    return Tokenizer.from_gguf(path)
+  return Tokenizer.from_model_file(path)
+
+
+def _tokenizer_source(model: str) -> str:
+  if model.startswith(EMBEDDED_PREFIX):
+    from specjax.checkpoints import embedded  # pylint: disable=g-import-not-at-top
+    return str(embedded.default_gguf_path())
+  if model.endswith('.gguf') or os.path.isfile(os.path.join(model, 'tokenizer.model')):
+    return model
+  raise ConfigError(f'config.tokenizer is empty and {model} holds no tokenizer (no GGUF, no '
+                    'tokenizer.model): set --config.tokenizer to a .gguf or tokenizer.model')

@@ -1,0 +1,92 @@
+"""The prompt set: the built-in one, or a JSONL file in one of two formats.
+
+Spec-Bench lines are `{"question_id", "category", "turns": [...]}` and only the
+first turn is used (speculative decoding is measured per generation, not per
+conversation); plain lines are `{"id", "prompt"}` with an optional "category".
+A bad line fails with its file and line number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import json
+from collections.abc import Sequence
+
+from specjax.experiments.config import ConfigError
+
+BUILTIN = 'builtin.jsonl'
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+  id: str
+  category: str
+  text: str
+
+
+def load_prompts(path: str = '') -> list[Prompt]:
+  """Prompts from `path`, or the built-in set when it is ''."""
+  if path:
+    with open(path, encoding='utf-8') as f:
+      return parse_jsonl(f.read(), path)
+  source = importlib.resources.files('specjax.prompts') / BUILTIN
+  return parse_jsonl(source.read_text(encoding='utf-8'), f'specjax/prompts/{BUILTIN}')
+
+
+def parse_jsonl(text: str, source: str) -> list[Prompt]:
+  prompts, seen = [], {}
+  for number, line in enumerate(text.splitlines(), start=1):
+    if not line.strip():
+      continue
+    where = f'{source}:{number}'
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ConfigError(f'{where}: not valid JSON ({e})') from None
+    prompt = _prompt(record, where)
+    if prompt.id in seen:
+      raise ConfigError(f'{where}: prompt id {prompt.id!r} already used on line {seen[prompt.id]}')
+    seen[prompt.id] = number
+    prompts.append(prompt)
+  if not prompts:
+    raise ConfigError(f'{source} holds no prompts')
+  return prompts
+
+
+def _prompt(record, where: str) -> Prompt:
+  if not isinstance(record, dict):
+    raise ConfigError(f'{where}: expected a JSON object, got {type(record).__name__}')
+  if 'turns' in record:
+    id_key, turns = 'question_id', record['turns']
+    if not isinstance(turns, list) or not turns:
+      raise ConfigError(f'{where}: "turns" must be a non-empty list of strings')
+    text = turns[0]
+  elif 'prompt' in record:
+    id_key, text = 'id', record['prompt']
+  else:
+    raise ConfigError(f'{where}: needs "question_id" and "turns" (Spec-Bench) or "id" and '
+                     f'"prompt"; found keys {sorted(record)}')
+  if id_key not in record or not isinstance(record[id_key], (str, int)):
+    raise ConfigError(f'{where}: needs a string or integer "{id_key}"')
+  category = record.get('category', 'uncategorized')
+  if not isinstance(category, str) or not category:
+    raise ConfigError(f'{where}: "category" must be a non-empty string')
+  if not isinstance(text, str):
+    raise ConfigError(f'{where}: the prompt must be a string, got {type(text).__name__}')
+  if not text.strip():
+    raise ConfigError(f'{where}: the prompt is empty')
+  return Prompt(str(record[id_key]), category, text)
+
+
+def select(prompts: Sequence[Prompt], categories: Sequence[str] = (), limit: int = 0
+           ) -> list[Prompt]:
+  """The prompts of `categories` (all when empty), then the first `limit` (all when 0)."""
+  if categories:
+    known = sorted({p.category for p in prompts})
+    unknown = [c for c in categories if c not in known]
+    if unknown:
+      raise ConfigError(f'config.categories names {", ".join(unknown)}, which the prompt set '
+                       f'lacks; it has: {", ".join(known)}')
+    prompts = [p for p in prompts if p.category in categories]
+  return list(prompts[:limit] if limit else prompts)

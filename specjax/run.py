@@ -1,0 +1,56 @@
+"""Runs one experiment: `python -m specjax.run --config=configs/gemma.py`.
+
+Intentionally short: the work is `specjax.experiment.run_experiment`, which a
+notebook can call directly. `--sweep` runs it once per override of the config
+file's `get_sweep()`, all into the same output_dir (the baseline is reused).
+"""
+
+import importlib.util
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from specjax import experiment
+from specjax.experiments.config import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
+                                          lock_config=True)
+_SWEEP = flags.DEFINE_bool('sweep', False, "Run every override of the config's get_sweep().")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  try:
+    _run()
+  except ConfigError as e:  # the user's to fix: no traceback
+    sys.exit(f'error: {e}')
+
+
+def _run():
+  if not _SWEEP.value:
+    experiment.run_experiment(_CONFIG.value)
+    return
+  path, _, arg = config_flags.get_config_filename(flags.FLAGS['config']).partition(':')
+  spec = importlib.util.spec_from_file_location('sweep_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  experiment.run_sweep(_CONFIG.value, module.get_sweep(arg or None))
+
+
+def parse_flags(argv):
+  """absl's parser, with a plain message for a key the locked config lacks."""
+  try:
+    return flags.FLAGS(argv)
+  except AttributeError as e:  # ConfigDict's answer to an unknown --config.<key>
+    key = str(e).strip('"\'')
+    sys.exit(f'FATAL Flags parsing error: unknown config key {key!r}: the config file does not '
+             'define it (see the key table in README.md)')
+  except flags.Error as e:
+    sys.exit(f'FATAL Flags parsing error: {e}')
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

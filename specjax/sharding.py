@@ -23,7 +23,9 @@ def make_mesh(data: int, model: int, devices=None) -> Mesh:
   if data * model > len(devices):
     raise ValueError(f'a data={data} x model={model} mesh needs {data * model} devices, '
                      f'only {len(devices)} are available')
-  return jax.make_mesh((data, model), MESH_AXES, devices=devices[:data * model])
+  # Auto axes: GSPMD places the loop's own arrays; shard_map is explicit where it matters.
+  auto = (jax.sharding.AxisType.Auto,) * 2
+  return jax.make_mesh((data, model), MESH_AXES, axis_types=auto, devices=devices[:data * model])
 
 
 def _kv_split(config: GemmaConfig, model_size: int) -> str | None:

@@ -84,17 +84,24 @@ def _model_rank(model_axis: str | None) -> Array | int:
   return 0 if model_axis is None else jax.lax.axis_index(model_axis)
 
 
+def local_kv_heads(config: GemmaConfig, model_shards: int) -> int:
+  """K/V heads per 'model' shard: split when they divide evenly, else replicated."""
+  return config.num_kv_heads // model_shards if config.num_kv_heads % model_shards == 0 \
+      else config.num_kv_heads
+
+
 class Attention(nn.Module):
   config: GemmaConfig
   kind: str  # 'global' or 'local'
   model_axis: str | None = None
+  model_shards: int = 1
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, layer_cache: dict[str, Array]):
     cfg = self.config
     init = nn.initializers.normal(0.2)
-    num_q = cfg.num_heads
-    num_kv = cfg.num_kv_heads
+    num_q = cfg.num_heads // self.model_shards
+    num_kv = local_kv_heads(cfg, self.model_shards)
     q_DxNxH = self.param('q_DxNxH', init, (cfg.embed_dim, num_q, cfg.head_dim))
     k_DxKxH = self.param('k_DxKxH', init, (cfg.embed_dim, num_kv, cfg.head_dim))
     v_DxKxH = self.param('v_DxKxH', init, (cfg.embed_dim, num_kv, cfg.head_dim))
@@ -143,14 +150,16 @@ class Attention(nn.Module):
 class MLP(nn.Module):
   config: GemmaConfig
   model_axis: str | None = None
+  model_shards: int = 1
 
   @nn.compact
   def __call__(self, x_BxTxD: Array) -> Array:
     cfg = self.config
     init = nn.initializers.normal(0.2)
-    gate_DxF = self.param('gate_DxF', init, (cfg.embed_dim, cfg.hidden_dim))
-    up_DxF = self.param('up_DxF', init, (cfg.embed_dim, cfg.hidden_dim))
-    down_FxD = self.param('down_FxD', init, (cfg.hidden_dim, cfg.embed_dim))
+    hidden = cfg.hidden_dim // self.model_shards
+    gate_DxF = self.param('gate_DxF', init, (cfg.embed_dim, hidden))
+    up_DxF = self.param('up_DxF', init, (cfg.embed_dim, hidden))
+    down_FxD = self.param('down_FxD', init, (hidden, cfg.embed_dim))
     h = jax.nn.gelu(x_BxTxD @ gate_DxF, approximate=True) * (x_BxTxD @ up_DxF)
     out = h @ down_FxD
     if self.model_axis is not None:
@@ -162,16 +171,18 @@ class Block(nn.Module):
   config: GemmaConfig
   kind: str
   model_axis: str | None = None
+  model_shards: int = 1
 
   @nn.compact
   def __call__(self, x: Array, positions_BxT: Array, layer_cache: dict[str, Array]):
     eps = self.config.rms_norm_eps
     h = RMSNorm(eps, name='pre_attention_norm')(x)
-    h, layer_cache = Attention(self.config, self.kind, self.model_axis, name='attn')(
+    h, layer_cache = Attention(self.config, self.kind, self.model_axis, self.model_shards,
+                               name='attn')(
         h, positions_BxT, layer_cache)
     x = x + RMSNorm(eps, name='post_attention_norm')(h)
     h = RMSNorm(eps, name='pre_ffw_norm')(x)
-    h = MLP(self.config, self.model_axis, name='mlp')(h)
+    h = MLP(self.config, self.model_axis, self.model_shards, name='mlp')(h)
     return x + RMSNorm(eps, name='post_ffw_norm')(h), layer_cache
 
 
@@ -188,13 +199,14 @@ class Transformer(nn.Module):
 
   config: GemmaConfig
   model_axis: str | None = None
+  model_shards: int = 1  # the size of `model_axis`; parameters are that axis's local shards
 
   @nn.compact
   def __call__(self, tokens_BxT: Array, positions_BxT: Array, cache: Cache,
                logit_indices_BxR: Array | None = None, num_layers: int | None = None):
     cfg = self.config
     embedding_DxV = self.param('embedding_DxV', nn.initializers.normal(cfg.embed_dim ** -0.5),
-                               (cfg.embed_dim, cfg.vocab_size))
+                               (cfg.embed_dim, cfg.vocab_size // self.model_shards))
     x_BxTxD = embed(embedding_DxV, tokens_BxT, self.model_axis)
     x_BxTxD = x_BxTxD * jnp.asarray(math.sqrt(cfg.embed_dim), x_BxTxD.dtype)
 
@@ -202,11 +214,13 @@ class Transformer(nn.Module):
     new_cache = list(cache)
     for i in range(depth):
       x_BxTxD, new_cache[i] = Block(cfg, cfg.attention_kind(i), self.model_axis,
-                                    name=f'layer_{i}')(x_BxTxD, positions_BxT, cache[i])
+                                    self.model_shards, name=f'layer_{i}')(
+                                        x_BxTxD, positions_BxT, cache[i])
     if depth < cfg.num_layers and self.is_initializing():
       # Create the remaining layers' parameters so init always yields the full model.
       for i in range(depth, cfg.num_layers):
-        Block(cfg, cfg.attention_kind(i), self.model_axis, name=f'layer_{i}')(
+        Block(cfg, cfg.attention_kind(i), self.model_axis, self.model_shards,
+              name=f'layer_{i}')(
             x_BxTxD, positions_BxT, cache[i])
 
     x_BxTxD = RMSNorm(cfg.rms_norm_eps, name='final_norm')(x_BxTxD)

@@ -63,7 +63,7 @@ class LanguageModel:
     p_specs = sharding.param_specs(params, self.config, model_size)
     c_specs = sharding.cache_specs(cache, self.config, model_size)
     rows = P('data')
-    module = Transformer(self.config, model_axis='model')
+    module = Transformer(self.config, model_axis='model', model_shards=model_size)
 
     def local(params, tokens, positions, cache, indices):
       return module.apply({'params': params}, tokens, positions, cache, indices, num_layers)

@@ -1,0 +1,77 @@
+"""Runs on 8 simulated CPU devices (set up by tests/test_sharding.py).
+
+Prints one JSON object: for each check, whether the ('data', 'model') mesh
+gave what one device gives. Kept out of the main test process because the
+device count is fixed when JAX starts.
+"""
+
+import json
+import os
+import sys
+
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
+                           + ' --xla_force_host_platform_device_count=8')
+
+import jax  # noqa: E402  (must follow XLA_FLAGS)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from specjax import sharding  # noqa: E402
+from specjax.decoding import autoregressive, sampling, speculative  # noqa: E402
+from specjax.drafters import make_drafter  # noqa: E402
+from specjax.models import config as config_lib, gemma  # noqa: E402
+from specjax.models.language_model import LanguageModel  # noqa: E402
+
+
+def forward_max_diff(cfg, data, model_size):
+  params = gemma.init_params(cfg, jax.random.key(1))
+  one = LanguageModel(cfg)
+  mesh = sharding.make_mesh(data, model_size)
+  many = LanguageModel(cfg, mesh=mesh)
+  batch, length = 2 * data, 12
+  tokens = jax.random.randint(jax.random.key(2), (batch, length), 0, cfg.vocab_size)
+  positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+
+  def run(lm, p):
+    return jax.jit(lambda p, t, pos: lm.forward(p, t, pos, lm.init_cache(batch, 16)))(
+        p, tokens, positions)
+  logits_1, cache_1 = run(one, params)
+  logits_n, cache_n = run(many, sharding.shard_params(params, cfg, mesh))
+  cache_diff = max(float(jnp.abs(a - b).max()) for a, b in
+                   zip(jax.tree.leaves(cache_1), jax.tree.leaves(cache_n)))
+  return float(jnp.abs(logits_1 - logits_n).max()), cache_diff, float(jnp.abs(logits_1).max())
+
+
+def main():
+  results = {'devices': jax.device_count()}
+  for kv in (1, 2, 4):
+    cfg = config_lib.tiny_config(num_kv_heads=kv)
+    results[f'forward_kv{kv}'] = forward_max_diff(cfg, data=2, model_size=4)
+
+  cfg = config_lib.tiny_config()
+  params = gemma.init_params(cfg, jax.random.key(3))
+  params = jax.tree.map(lambda x: x * 1.5, params)
+  mesh = sharding.make_mesh(2, 4)
+  one, many = LanguageModel(cfg), LanguageModel(cfg, mesh=mesh)
+  sharded_params = sharding.shard_params(params, cfg, mesh)
+  prompts = [[5, 9, 3], [7, 1, 2, 8, 4, 6, 1, 2], [11], [3, 3, 5, 2, 9]]
+  greedy = sampling.SamplingConfig()
+  ref = autoregressive.generate(one, params, prompts, max_new_tokens=12, sampling=greedy)
+  got = autoregressive.generate(many, sharded_params, prompts, max_new_tokens=12, sampling=greedy)
+  results['autoregressive'] = [ref.new_tokens, got.new_tokens]
+  draft_cfg = config_lib.tiny_config(num_layers=2)
+  draft_params = gemma.init_params(draft_cfg, jax.random.key(4))
+  for name in ('ngram', 'early_exit', 'draft_model'):
+    one_d = make_drafter(name, target=one, early_exit_layers=2,
+                         draft_model=(LanguageModel(draft_cfg), draft_params))
+    many_d = make_drafter(name, target=many, early_exit_layers=2,
+                          draft_model=(LanguageModel(draft_cfg, mesh=mesh),
+                                       sharding.shard_params(draft_params, draft_cfg, mesh)))
+    a = speculative.generate(one, params, one_d, prompts, gamma=3, max_new_tokens=12)
+    b = speculative.generate(many, sharded_params, many_d, prompts, gamma=3, max_new_tokens=12)
+    results[name] = [a.new_tokens, b.new_tokens, ref.new_tokens]
+  json.dump(results, sys.stdout)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,61 @@
+"""The forward and both decoding loops on a ('data', 'model') = (2, 4) mesh of 8
+simulated CPU devices give what one device gives."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specjax import sharding
+from specjax.models import config as config_lib
+from specjax.models.language_model import LanguageModel
+
+
+@pytest.fixture(scope='module')
+def sharded_results():
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = env.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+  script = os.path.join(os.path.dirname(__file__), 'sharded_main.py')
+  proc = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env,
+                        timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout)
+
+
+def test_eight_devices_were_used(sharded_results):
+  assert sharded_results['devices'] == 8
+
+
+@pytest.mark.parametrize('kv_heads', [1, 2, 4])
+def test_sharded_forward_matches_one_device(sharded_results, kv_heads):
+  logits_diff, cache_diff, logits_scale = sharded_results[f'forward_kv{kv_heads}']
+  assert logits_scale > 1.0  # the comparison is not between two zero tensors
+  assert logits_diff < 1e-4
+  assert cache_diff < 1e-4
+
+
+def test_sharded_autoregressive_greedy_matches_one_device(sharded_results):
+  one, many = sharded_results['autoregressive']
+  assert one == many
+
+
+@pytest.mark.parametrize('drafter', ['ngram', 'early_exit', 'draft_model'])
+def test_sharded_speculative_greedy_matches_one_device(sharded_results, drafter):
+  one, many, autoregressive = sharded_results[drafter]
+  assert many == one
+  assert one == autoregressive
+
+
+def test_mesh_must_divide_heads():
+  cfg = config_lib.tiny_config(num_heads=4, num_kv_heads=1)
+  mesh = sharding.make_mesh(1, 1)
+  LanguageModel(cfg, mesh=mesh)  # fine
+  with pytest.raises(ValueError, match='num_heads=4 is not divisible by the model axis size 3'):
+    sharding.check_divisible(cfg, 3)
+
+
+def test_mesh_larger_than_devices_is_refused():
+  with pytest.raises(ValueError, match='needs 64 devices'):
+    sharding.make_mesh(8, 8)

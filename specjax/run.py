@@ -45,9 +45,10 @@ def parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except AttributeError as e:  # ConfigDict's answer to an unknown --config.<key>
-    key = str(e).strip('"\'')
-    sys.exit(f'FATAL Flags parsing error: unknown config key {key!r}: the config file does not '
-             'define it (see the key table in README.md)')
+    cause = e.args[0] if e.args and isinstance(e.args[0], KeyError) else e
+    key, _, hint = str(cause.args[0] if cause.args else cause).partition('\n')
+    sys.exit(f'FATAL Flags parsing error: unknown config key {key}: the config file does not '
+             f'define it (see the key table in README.md). {hint}'.rstrip())
   except flags.Error as e:
     sys.exit(f'FATAL Flags parsing error: {e}')
 

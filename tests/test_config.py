@@ -1,0 +1,138 @@
+"""configs/gemma.py and its conversion into ExperimentConfig: every bad value fails early."""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+import pytest
+
+from specjax.experiments import config as config_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG_PATH = ROOT / 'configs' / 'gemma.py'
+
+
+def gemma_config_module():
+  spec = importlib.util.spec_from_file_location('gemma_config', CONFIG_PATH)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def get_config(arg=None):
+  return gemma_config_module().get_config(arg)
+
+
+def test_default_config_converts_and_matches_the_dataclass():
+  config = get_config()
+  fields = {f.name for f in config_lib.dataclasses.fields(config_lib.ExperimentConfig)}
+  assert set(config.keys()) == fields
+  cfg = config_lib.ExperimentConfig.from_config(config)
+  assert cfg.model == 'embedded:gemma3-270m'
+  assert cfg.methods == ('autoregressive', 'ngram')
+  assert cfg.sampling.greedy and cfg.max_new_tokens == 128 and cfg.resume
+
+
+def test_named_variants_and_key_values_in_the_arg():
+  quick = get_config('quick')
+  assert (quick.limit, quick.max_new_tokens) == (4, 32)
+  config = get_config('drafters=ngram+early_exit,gamma=6,chat_template=false,temperature=0.5')
+  assert config.drafters == ('ngram', 'early_exit')
+  assert (config.gamma, config.chat_template, config.temperature) == (6, False, 0.5)
+  for bad in ('nope', 'foo=1', 'gamma=six', 'resume=maybe'):
+    with pytest.raises(ValueError):
+      get_config(bad)
+
+
+def test_sweep_is_drafter_by_gamma_and_every_point_is_valid():
+  module = gemma_config_module()
+  sweep = module.get_sweep()
+  assert {(p['drafters'], p['gamma']) for p in sweep} == {
+      ((d,), g) for d in ('ngram', 'early_exit') for g in (2, 4, 6, 8)}
+  assert len(sweep) == 8
+  for point in sweep:
+    config = module.get_config()
+    config.update(point)
+    config_lib.ExperimentConfig.from_config(config)
+  with_draft = module.get_sweep(f'draft_model={CONFIG_PATH}')
+  assert len(with_draft) == 12 and with_draft[-1]['drafters'] == ('draft_model',)
+
+
+def _parse(*args):
+  argv = ['prog', f'--config={CONFIG_PATH}:quick', *args]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, 'test', flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+def test_locked_config_takes_known_keys_and_rejects_unknown_ones():
+  config = _parse('--config.gamma=6', "--config.drafters=('ngram','early_exit')",
+                  '--config.categories=code')
+  assert config.gamma == 6 and config.limit == 4
+  assert config.drafters == ('ngram', 'early_exit') and config.categories == ('code',)
+  with pytest.raises(AttributeError):
+    _parse('--config.gama=6')
+
+
+def test_run_reports_an_unknown_key_plainly():
+  result = subprocess.run(
+      [sys.executable, '-m', 'specjax.run', f'--config={CONFIG_PATH}', '--config.gama=6'],
+      capture_output=True, text=True, cwd=ROOT, timeout=120,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert result.returncode != 0
+  assert "unknown config key 'gama'" in result.stderr and 'gamma' in result.stderr
+  assert 'Traceback' not in result.stderr
+
+
+@pytest.mark.parametrize('key, value', [
+    ('temperature', -0.1), ('temperature', float('nan')), ('top_p', 0.0), ('top_p', 1.5),
+    ('top_k', -1), ('batch_size', 0), ('max_new_tokens', 0), ('limit', -1), ('gamma', 0),
+    ('model', 'embedded:gemma9-1t'), ('model', '/no/such/checkpoint.gguf'),
+    ('drafters', ('ngram', 'medusa')), ('drafters', ('ngram', 'ngram')),
+    ('prompts', '/no/such/prompts.jsonl'), ('tokenizer', '/no/such/tokenizer.model'),
+    ('ngram_min', 0), ('ngram_max', 0), ('early_exit_layers', 0), ('mesh_data', 0),
+    ('mesh_model', 0), ('max_cache_len', 0), ('output_dir', ''),
+    ('gamma', '4'), ('batch_size', 2.0), ('chat_template', 'yes'), ('resume', 1),
+])
+def test_invalid_value_names_its_key(key, value):
+  values = get_config().to_dict()
+  values[key] = value
+  with pytest.raises(ValueError, match=key):
+    config_lib.ExperimentConfig.from_config(values)
+
+
+def test_draft_model_drafter_needs_a_checkpoint():
+  values = get_config().to_dict()
+  values['drafters'] = ('draft_model',)
+  with pytest.raises(ValueError, match='draft_model'):
+    config_lib.ExperimentConfig.from_config(values)
+  values['draft_model'] = 'embedded:gemma3-270m'
+  assert config_lib.ExperimentConfig.from_config(values).draft_model == 'embedded:gemma3-270m'
+
+
+def test_unknown_and_missing_keys_fail_when_called_from_python():
+  values = get_config().to_dict()
+  with pytest.raises(ValueError, match='gama'):
+    config_lib.ExperimentConfig.from_config({**values, 'gama': 6})
+  del values['seed']
+  with pytest.raises(ValueError, match='seed'):
+    config_lib.ExperimentConfig.from_config(values)
+
+
+def test_fingerprints_follow_what_each_method_depends_on():
+  values = get_config().to_dict()
+  base = config_lib.ExperimentConfig.from_config(values)
+  gamma6 = config_lib.ExperimentConfig.from_config({**values, 'gamma': 6})
+  more = config_lib.ExperimentConfig.from_config({**values, 'limit': 3, 'drafters': ()})
+  hot = config_lib.ExperimentConfig.from_config({**values, 'temperature': 0.7})
+  assert base.fingerprint('autoregressive') == gamma6.fingerprint('autoregressive')
+  assert base.fingerprint('ngram') != gamma6.fingerprint('ngram')
+  assert base.fingerprint('early_exit') == base.fingerprint('early_exit')
+  assert base.fingerprint('ngram') == more.fingerprint('ngram')
+  assert base.fingerprint('autoregressive') != hot.fingerprint('autoregressive')

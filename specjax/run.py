@@ -13,6 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from specjax import experiment
+from specjax.checkpoints import CheckpointError
 from specjax.experiments.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
@@ -25,7 +26,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     _run()
-  except ConfigError as e:  # the user's to fix: no traceback
+  except (ConfigError, CheckpointError) as e:  # the user's to fix: no traceback
     sys.exit(f'error: {e}')
 
 

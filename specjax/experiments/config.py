@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from specjax import drafters
+from specjax.checkpoints import embedded
 from specjax.decoding.sampling import SamplingConfig
 
 DRAFTERS = drafters.DRAFTER_NAMES
 BASELINE = 'autoregressive'
 TINY_RANDOM = 'tiny-random'  # a random tiny model with a byte tokenizer, for tests only
 EMBEDDED_PREFIX = 'embedded:'
-EMBEDDED_MODELS = ('gemma3-270m',)
+EMBEDDED_MODELS = (embedded.EMBEDDED_NAME,)
 
 # Keys that change what every method computes or how fast: rows written under
 # other values of these cannot be reused.
@@ -99,9 +100,8 @@ class ExperimentConfig:
     for key in ('model', 'draft_model'):
       value = getattr(self, key)
       if value.startswith(EMBEDDED_PREFIX):
-        name = value[len(EMBEDDED_PREFIX):]
-        _check(name in EMBEDDED_MODELS, key,
-               f'names unknown embedded model {name!r}; known: {", ".join(EMBEDDED_MODELS)}')
+        _check(value in EMBEDDED_MODELS, key,
+               f'names unknown embedded model {value!r}; known: {", ".join(EMBEDDED_MODELS)}')
     for key in ('tokenizer', 'prompts'):
       path = getattr(self, key)
       _check(not path or os.path.exists(path), key, f'is {path!r}, which does not exist')

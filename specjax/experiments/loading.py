@@ -13,6 +13,7 @@ import pathlib
 
 from specjax import checkpoints
 from specjax import sharding
+from specjax.checkpoints import embedded
 from specjax.experiments import tiny
 from specjax.experiments.config import EMBEDDED_PREFIX, TINY_RANDOM, ConfigError, ExperimentConfig
 from specjax.models import language_model
@@ -63,7 +64,6 @@ def load_tokenizer(path: str):
 
 def _tokenizer_source(model: str) -> str:
   if model.startswith(EMBEDDED_PREFIX):
-    from specjax.checkpoints import embedded  # pylint: disable=g-import-not-at-top
     return str(embedded.default_gguf_path())
   if model.endswith('.gguf') or os.path.isfile(os.path.join(model, 'tokenizer.model')):
     return model

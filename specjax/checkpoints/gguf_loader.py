@@ -159,9 +159,11 @@ def gguf_config(reader: gguf.GGUFReader, path: str | os.PathLike) -> GemmaConfig
     stated['global_every'] = every
   rope_scaling = _value(reader, key('rope.scaling.type'), path, None)
   rope_factor = _value(reader, key('rope.scaling.factor'), path, 1.0)
-  if rope_scaling not in (None, 'none') and rope_factor != 1.0:
-    logging.warning('%s: RoPE scaling %s x%s is ignored: GemmaConfig has no RoPE scaling',
-                    path, rope_scaling, rope_factor)
+  if rope_scaling == 'linear':
+    stated['rope_scale_global'] = float(rope_factor)
+  elif rope_scaling not in (None, 'none') and rope_factor != 1.0:
+    raise CheckpointError(f'{path}: RoPE scaling {rope_scaling!r} x{rope_factor} is not '
+                          'supported (only linear scaling of the global layers is)')
 
   # llama.cpp's conventions for what Gemma GGUFs leave unsaid (llama-model.cpp).
   head_dim = stated['head_dim']

@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from absl import logging
 
 from specjax.checkpoints.config_io import complete_config
 from specjax.checkpoints.errors import CheckpointError
@@ -114,11 +113,14 @@ def _config_from_hf(hf: dict[str, Any], source: object) -> GemmaConfig:
   stated.update(rope_base_global=float(global_rope['rope_theta']),
                 rope_base_local=float(local_rope['rope_theta']),
                 global_every=_global_every(text, num_layers, source))
-  for rope in (global_rope, local_rope):
+  for where, rope in (('global', global_rope), ('local', local_rope)):
     kind = rope.get('rope_type', rope.get('type', 'default'))
-    if kind != 'default' and float(rope.get('factor', 1.0)) != 1.0:
-      logging.warning('%s: RoPE scaling %s is ignored: GemmaConfig has no RoPE scaling',
-                      source, rope)
+    factor = float(rope.get('factor', 1.0))
+    if kind == 'linear' and where == 'global':
+      stated['rope_scale_global'] = factor
+    elif kind != 'default' and factor != 1.0:
+      raise CheckpointError(f'{source}: {where} RoPE scaling {rope} is not supported (only '
+                            'linear scaling of the global layers is)')
   return complete_config(stated, {}, source)
 
 

@@ -32,6 +32,8 @@ class GemmaConfig:
     global_every: every `global_every`-th layer (1-based) is global; Gemma 2
       alternates (2), Gemma 3 has 5 local layers per global one (6).
     rope_base_global, rope_base_local: RoPE wavelengths of the two layer kinds.
+    rope_scale_global: linear RoPE scaling of the global layers (positions are
+      divided by it); Gemma 3 4B and larger were trained long-context with 8.
     query_pre_attn_scalar: queries are scaled by query_pre_attn_scalar**-0.5.
     attn_logit_softcap, final_logit_softcap: Gemma 2's tanh soft-capping
       (None disables it).
@@ -56,6 +58,7 @@ class GemmaConfig:
   attn_logit_softcap: float | None = None
   final_logit_softcap: float | None = None
   use_qk_norm: bool = True
+  rope_scale_global: float = 1.0
   rms_norm_eps: float = 1e-6
   max_position: int = 32768
 
@@ -107,11 +110,12 @@ MODEL_CONFIGS: dict[str, GemmaConfig] = {
     'gemma3-1b': _gemma3(num_layers=26, embed_dim=1152, num_heads=4, num_kv_heads=1,
                          hidden_dim=6912, sliding_window=512, max_position=32_768),
     'gemma3-4b': _gemma3(num_layers=34, embed_dim=2560, num_heads=8, num_kv_heads=4,
-                         hidden_dim=10_240),
+                         hidden_dim=10_240, rope_scale_global=8.0),
     'gemma3-12b': _gemma3(num_layers=48, embed_dim=3840, num_heads=16, num_kv_heads=8,
-                          hidden_dim=15_360),
+                          hidden_dim=15_360, rope_scale_global=8.0),
     'gemma3-27b': _gemma3(num_layers=62, embed_dim=5376, num_heads=32, num_kv_heads=16,
-                          head_dim=128, hidden_dim=21_504, query_pre_attn_scalar=168.0),
+                          head_dim=128, hidden_dim=21_504, query_pre_attn_scalar=168.0,
+                          rope_scale_global=8.0),
     'gemma2-2b': _gemma2(num_layers=26, embed_dim=2304, num_heads=8, num_kv_heads=4,
                          hidden_dim=9216),
     'gemma2-9b': _gemma2(num_layers=42, embed_dim=3584, num_heads=16, num_kv_heads=8,

@@ -53,11 +53,11 @@ class RMSNorm(nn.Module):
     return rms_norm(x, scale, self.eps)
 
 
-def apply_rope(x_BxTxNxH: Array, positions_BxT: Array, base: float) -> Array:
+def apply_rope(x_BxTxNxH: Array, positions_BxT: Array, base: float, scale: float = 1.0) -> Array:
   """Rotary embedding, split-half ("NeoX") convention as Gemma uses it."""
   half = x_BxTxNxH.shape[-1] // 2
   inv_freq = 1.0 / (base ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / (2 * half)))
-  angles_BxTxH2 = positions_BxT[..., None].astype(jnp.float32) * inv_freq
+  angles_BxTxH2 = (positions_BxT[..., None].astype(jnp.float32) / scale) * inv_freq
   sin = jnp.sin(angles_BxTxH2)[:, :, None, :]
   cos = jnp.cos(angles_BxTxH2)[:, :, None, :]
   x32 = x_BxTxNxH.astype(jnp.float32)
@@ -113,9 +113,12 @@ class Attention(nn.Module):
     if cfg.use_qk_norm:
       q = RMSNorm(cfg.rms_norm_eps, name='query_norm')(q)
       k = RMSNorm(cfg.rms_norm_eps, name='key_norm')(k)
-    base = cfg.rope_base_global if self.kind == 'global' else cfg.rope_base_local
-    q = apply_rope(q, positions_BxT, base) * (cfg.query_pre_attn_scalar ** -0.5)
-    k = apply_rope(k, positions_BxT, base)
+    if self.kind == 'global':
+      base, scale = cfg.rope_base_global, cfg.rope_scale_global
+    else:
+      base, scale = cfg.rope_base_local, 1.0
+    q = apply_rope(q, positions_BxT, base, scale) * (cfg.query_pre_attn_scalar ** -0.5)
+    k = apply_rope(k, positions_BxT, base, scale)
 
     layer_cache = kv_cache_lib.write(layer_cache, k, v, positions_BxT[:, 0])
     k_BxSxKxH, v_BxSxKxH = layer_cache['k'], layer_cache['v']

@@ -100,6 +100,7 @@ def test_select_by_category_then_limit():
 
 def tiny_config(tmp_path, **overrides):
   """Three short prompts in one shape bucket, so each method compiles once."""
+  tmp_path.mkdir(parents=True, exist_ok=True)
   path = write_lines(tmp_path / 'prompts.jsonl', [
       json.dumps({'id': 'p1', 'category': 'alpha', 'prompt': 'abc abc abc abc'}),
       json.dumps({'id': 'p2', 'category': 'beta', 'prompt': 'hello hello'}),
@@ -191,6 +192,20 @@ def test_a_different_config_is_refused_unless_resume_is_off(tmp_path):
   experiment.run_experiment(tiny_config(tmp_path, drafters=(), max_new_tokens=5, resume=False))
   rows = read_rows(tiny_config(tmp_path))
   assert len(rows) == 3 and all(r['new_tokens'] <= 5 for r in rows)
+
+
+def test_batches_give_each_prompt_the_tokens_it_gets_alone(tmp_path):
+  alone = tiny_config(tmp_path / 'alone', drafters=())
+  batched = tiny_config(tmp_path / 'batched', drafters=(), batch_size=2)
+  experiment.run_experiment(alone)
+  experiment.run_experiment(batched)
+  by_id = {r['prompt_id']: r for r in read_rows(alone)}
+  rows = read_rows(batched)
+  assert [r['batch_size'] for r in rows] == [2, 2, 2]
+  assert rows[0]['wall_s'] == pytest.approx(rows[0]['batch_wall_s'] / 2)  # p1, p2 share a batch
+  assert rows[2]['wall_s'] == pytest.approx(rows[2]['batch_wall_s'])      # p3 runs alone
+  for row in rows:
+    assert row['output_ids'] == by_id[row['prompt_id']]['output_ids']
 
 
 def test_sweep_reuses_the_baseline(tmp_path, monkeypatch):

@@ -36,7 +36,10 @@ TIMING_NOTE = ('Times exclude compilation: the first batch of each shape bucket 
 
 
 def run_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
-  """Runs `config` (a ConfigDict or dict with every key of configs/gemma.py); returns the summary."""
+  """Runs `config` (a ConfigDict or dict with every key of configs/gemma.py).
+
+  Returns the summary that summary.json holds.
+  """
   cfg = ExperimentConfig.from_config(config)
   prompts = prompts_lib.select(prompts_lib.load_prompts(cfg.prompts), cfg.categories, cfg.limit)
   results = results_lib.ResultsDir(cfg)

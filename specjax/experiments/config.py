@@ -89,7 +89,8 @@ class ExperimentConfig:
     for key in ('max_new_tokens', 'batch_size', 'max_cache_len', 'mesh_data', 'mesh_model',
                 'gamma', 'ngram_min', 'early_exit_layers'):
       _check(getattr(self, key) >= 1, key, 'must be >= 1')
-    _check(self.ngram_max >= self.ngram_min, 'ngram_max', f'must be >= ngram_min ({self.ngram_min})')
+    _check(self.ngram_max >= self.ngram_min, 'ngram_max',
+           f'must be >= ngram_min ({self.ngram_min})')
     try:
       self.sampling
     except ValueError as e:

@@ -67,7 +67,9 @@ def sample(keys_B: Array, weights_BxV: Array) -> Array:
   """
   def row(key, w):
     race = jax.random.exponential(key, w.shape, dtype=jnp.float32)
-    return jnp.argmax(w / race, axis=-1).astype(jnp.int32)
+    # race is exactly 0 with probability 2**-23 per entry: 0 / 0 = NaN would win for a
+    # zero weight, so zero weights are masked explicitly.
+    return jnp.argmax(jnp.where(w > 0, w / race, -1.0), axis=-1).astype(jnp.int32)
   return jax.vmap(row)(keys_B, weights_BxV)
 
 

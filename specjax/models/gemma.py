@@ -41,7 +41,8 @@ _NEG_INF = -2.3819763e38  # a large finite negative that survives softcap and bf
 def rms_norm(x: Array, scale: Array, eps: float) -> Array:
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+  scale = scale.astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
+  return (normed * scale).astype(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -57,7 +58,7 @@ def apply_rope(x_BxTxNxH: Array, positions_BxT: Array, base: float, scale: float
   """Rotary embedding, split-half ("NeoX") convention as Gemma uses it."""
   half = x_BxTxNxH.shape[-1] // 2
   inv_freq = 1.0 / (base ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / (2 * half)))
-  angles_BxTxH2 = (positions_BxT[..., None].astype(jnp.float32) / scale) * inv_freq
+  angles_BxTxH2 = (positions_BxT[..., None].astype(jnp.float32) / scale) * inv_freq[None, None]
   sin = jnp.sin(angles_BxTxH2)[:, :, None, :]
   cos = jnp.cos(angles_BxTxH2)[:, :, None, :]
   x32 = x_BxTxNxH.astype(jnp.float32)

@@ -12,6 +12,7 @@ untimed, before the batches that are timed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import platform
@@ -23,6 +24,7 @@ from typing import Any
 from absl import logging
 import jax
 
+from specjax.decoding import divergence as divergence_lib
 from specjax.experiments import loading
 from specjax.experiments import methods as methods_lib
 from specjax.experiments import prompts as prompts_lib
@@ -90,7 +92,7 @@ def _load(cfg: ExperimentConfig, prompts: Sequence[prompts_lib.Prompt]):
   eos_ids = tuple(i for i in (tokenizer.eos_id, getattr(tokenizer, 'end_of_turn_id', None))
                   if i is not None)
   runners = {m: methods_lib.make_runner(m, model, params, cfg, eos_ids) for m in cfg.methods}
-  return runners, tokenizer, token_ids, eos_ids
+  return runners, tokenizer, token_ids, eos_ids, (model, params)
 
 
 def _run_method(method, cfg: ExperimentConfig, prompts, results, loaded, baseline):
@@ -102,7 +104,7 @@ def _run_method(method, cfg: ExperimentConfig, prompts, results, loaded, baselin
                len(prompts), results.path)
   if not pending:
     return done
-  runners, tokenizer, token_ids, eos_ids = loaded()
+  runners, tokenizer, token_ids, eos_ids, target = loaded()
   runner = runners[method]
   position = {p.id: i + 1 for i, p in enumerate(prompts)}
   compiled = set()
@@ -119,6 +121,8 @@ def _run_method(method, cfg: ExperimentConfig, prompts, results, loaded, baselin
     for p, prompt_ids, new_ids, stats in zip(batch, ids, out.new_tokens, out.stats):
       row = _row(cfg, method, fingerprint, p, prompt_ids, new_ids, out.wall_s / len(batch),
                  out.wall_s, tokenizer, eos_ids, stats, baseline)
+      if row.get('identical_to_baseline') is False and cfg.temperature == 0.0:
+        row['divergence'] = _divergence(target, prompt_ids, baseline[p.id]['output_ids'], new_ids)
       results.append(row)
       done[p.id] = row
       _show(row, position[p.id], len(prompts))
@@ -139,6 +143,16 @@ def _row(cfg, method, fingerprint, prompt, prompt_ids, new_ids, wall_s, batch_wa
     row.update(stats)
     row['identical_to_baseline'] = new_ids == baseline[prompt.id]['output_ids']
   return row
+
+
+def _divergence(target, prompt_ids, baseline_ids, new_ids) -> dict[str, Any]:
+  """Where a greedy output left the baseline, and the target's top-2 logit margin there:
+  a margin near 0 is a float tie between batched and one-token passes, a large one a bug."""
+  model, params = target
+  found = divergence_lib.explain(model, params, prompt_ids, baseline_ids, new_ids)
+  logging.warning('greedy output differs from the baseline at token %d (target logit margin '
+                  '%.2e)', found.position, found.logit_margin)
+  return dataclasses.asdict(found)
 
 
 def _show(row, index: int, total: int) -> None:

@@ -1,0 +1,226 @@
+"""Toy targets and drafters whose behaviour is known in advance, for decoding tests.
+
+A toy model is duck-typed like `LanguageModel`: a `config` (a tiny GemmaConfig; the
+loops read vocab_size and max_position), `data_parallelism`, `init_cache` and
+`forward`. `TableModel`'s logits depend on the current token only
+(`logits = params[token]`): a bigram model whose table is its params, so one
+compiled program serves every table. Drafters here are `Drafter`s with a custom
+`propose`, whose per-row behaviour is data (their params), not a static argument.
+
+Shapes: B batch, T tokens, S cache slots, G gamma, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.decoding import sampling as sampling_lib
+from specjax.drafters import base
+from specjax.models import gemma
+from specjax.models.config import GemmaConfig, tiny_config
+from specjax.models.language_model import LanguageModel
+
+
+# ---------------------------------------------------------------- toy targets
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TableModel:
+  """Bigram model: the logits after token t are `params[t]` (a [V, V] table)."""
+
+  config: GemmaConfig
+  data_parallelism: int = 1
+
+  def init_cache(self, batch: int, num_slots: int):
+    del num_slots
+    return jnp.zeros((batch,), jnp.float32)  # the table needs no cache
+
+  def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
+              num_layers=None):
+    del positions_BxT, num_layers
+    logits_BxTxV = jnp.asarray(params, jnp.float32)[tokens_BxT]
+    if logit_indices_BxR is not None:
+      logits_BxTxV = jnp.take_along_axis(logits_BxTxV, logit_indices_BxR[:, :, None], axis=1)
+    return logits_BxTxV, cache
+
+
+@functools.cache
+def table_model(vocab: int) -> TableModel:
+  """One object per vocabulary size, so programs compiled for it are reused."""
+  return TableModel(tiny_config(vocab_size=vocab))
+
+
+def count_up_table(vocab: int, sharpness: float = 1e4) -> np.ndarray:
+  """logits = one_hot(t + 1 mod V) * sharpness: exactly one-hot after softmax."""
+  return (np.eye(vocab, dtype=np.float32)[(np.arange(vocab) + 1) % vocab] * sharpness)
+
+
+def random_table(vocab: int, seed: int, scale: float = 1.0) -> np.ndarray:
+  """Random bigram logits, without ties."""
+  return (np.random.default_rng(seed).normal(size=(vocab, vocab)) * scale).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RowPadded:
+  """A model whose batches are padded to a multiple of `data_parallelism` rows,
+  as on a data-parallel mesh: a batch of 1 then compiles to the same program as
+  a batch of `data_parallelism`, and exercises inactive padding rows."""
+
+  model: Any
+  data_parallelism: int
+
+  @property
+  def config(self) -> GemmaConfig:
+    return self.model.config
+
+  def init_cache(self, batch: int, num_slots: int):
+    return self.model.init_cache(batch, num_slots)
+
+  def forward(self, *args, **kwargs):
+    return self.model.forward(*args, **kwargs)
+
+
+# --------------------------------------------------------------- toy drafters
+
+
+def right_for_k_drafter(vocab: int, k_B) -> base.Drafter:
+  """For the count-up target: row b's first k_B[b] drafts are right, the rest wrong.
+
+  k is the drafter's params (data), so every k shares one compiled program.
+  """
+
+  def propose(dparams, state, tokens_BxS, lengths_B, keys_B, sampling, gamma,
+              target_params, target_cache):
+    del keys_B, sampling, target_params
+    last_B = tokens_BxS[jnp.arange(tokens_BxS.shape[0]), lengths_B - 1]
+    i_G = jnp.arange(gamma)
+    right_BxG = (last_B[:, None] + 1 + i_G[None, :]) % vocab
+    wrong_BxG = (right_BxG + 1) % vocab
+    draft_BxG = jnp.where(i_G[None, :] < dparams[:, None], right_BxG, wrong_BxG)
+    return draft_BxG.astype(jnp.int32), None, state, target_cache
+
+  return base.Drafter(name='right_for_k', vocab_size=vocab, init=base.no_state_init,
+                      update=base.no_state_update, propose=propose,
+                      params=jnp.asarray(k_B, jnp.int32))
+
+
+def argmax_table_drafter(q_table, *, soft_q: bool = False) -> base.Drafter:
+  """Drafts the argmax chain of a bigram table: deterministic, so q is one-hot.
+
+  `soft_q=True` returns the table's processed softmax as q instead: the bug of
+  reporting the soft q of an argmax drafter, which a distribution test must reject.
+  """
+
+  def propose(dparams, state, tokens_BxS, lengths_B, keys_B, sampling, gamma,
+              target_params, target_cache):
+    del keys_B, target_params
+    table_VxV = jnp.asarray(dparams, jnp.float32)
+    token_B = tokens_BxS[jnp.arange(tokens_BxS.shape[0]), lengths_B - 1]
+    drafts, qs = [], []
+    for _ in range(gamma):
+      logits_BxV = table_VxV[token_B]
+      qs.append(sampling_lib.probabilities(logits_BxV, sampling))
+      token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+      drafts.append(token_B)
+    q_BxGxV = jnp.stack(qs, axis=1) if soft_q else None
+    return jnp.stack(drafts, axis=1), q_BxGxV, state, target_cache
+
+  return base.Drafter(name='argmax_table_soft_q' if soft_q else 'argmax_table',
+                      vocab_size=int(np.shape(q_table)[0]), init=base.no_state_init,
+                      update=base.no_state_update, propose=propose,
+                      params=jnp.asarray(q_table, jnp.float32))
+
+
+# ------------------------------------------------------------- tiny real Gemma
+
+REFERENCE_PROMPT = (2, 5, 9, 11)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _full_forward_logits(model, params, tokens_1xS):
+  """Logits at every position from one uncached pass over a fresh cache."""
+  num_slots = tokens_1xS.shape[1]
+  positions_1xS = jnp.arange(num_slots, dtype=jnp.int32)[None]
+  logits_1xSxV, _ = model.forward(params, tokens_1xS, positions_1xS,
+                                  model.init_cache(1, num_slots))
+  return logits_1xSxV[0]
+
+
+def reference_greedy(model, params, prompt, num_new: int, eos_ids=(), width: int = 64):
+  """Greedy continuation by full forward passes, independent of the decoding loops."""
+  if len(prompt) + num_new > width:
+    raise ValueError('reference_greedy: prompt + num_new exceeds the buffer width')
+  tokens = np.zeros((1, width), np.int32)
+  tokens[0, :len(prompt)] = prompt
+  length, out = len(prompt), []
+  for _ in range(num_new):
+    logits_SxV = np.asarray(_full_forward_logits(model, params, jnp.asarray(tokens)))
+    token = int(np.argmax(logits_SxV[length - 1]))
+    out.append(token)
+    tokens[0, length] = token
+    length += 1
+    if token in eos_ids:
+      break
+  return out
+
+
+def random_params(config: GemmaConfig, seed: int, *, embedding: float = 0.3,
+                  post_norms: float = 2.0, final_norm: float = 10.0):
+  """Random float32 Gemma params with init_params' layout and scales, drawn in numpy
+  (no compile; eager `init_params` takes seconds on a busy CPU).
+
+  Random tied-embedding models copy their last token forever; shrinking the
+  embedding and boosting the blocks' outputs gives a varied greedy continuation,
+  and a larger final norm widens the gaps between logits (no near-ties).
+  """
+  rng = np.random.default_rng(seed)
+
+  def draw(path, shape_dtype):
+    names = [str(getattr(k, 'key', k)) for k in path]
+    shape = shape_dtype.shape
+    if names[-1] == 'scale':
+      value = np.ones(shape)
+      if names[0] == 'final_norm':
+        value *= final_norm
+      elif names[-2].startswith('post_'):
+        value *= post_norms
+    elif names[0] == 'embedding_DxV':
+      value = rng.normal(size=shape) * config.embed_dim ** -0.5 * embedding
+    else:
+      value = rng.normal(size=shape) * 0.2
+    return jnp.asarray(value, jnp.float32)
+
+  return jax.tree_util.tree_map_with_path(draw, gemma.param_shapes(config))
+
+
+def _check_varied(model, params, what: str):
+  out = reference_greedy(model, params, REFERENCE_PROMPT, 24)
+  assert len(set(out)) >= 6, f'{what}: greedy continuation is not varied: {out}'
+
+
+@functools.cache
+def tiny_gemma() -> tuple[LanguageModel, Any]:
+  """A 4-layer, vocab-64 random Gemma 3 whose greedy output is varied."""
+  config = tiny_config()
+  params = random_params(config, seed=2)
+  model = LanguageModel(config)
+  _check_varied(model, params, 'tiny_gemma')
+  return model, params
+
+
+@functools.cache
+def small_draft_gemma() -> tuple[LanguageModel, Any]:
+  """A smaller (2-layer, width-16) random Gemma with tiny_gemma's vocabulary."""
+  config = tiny_config(num_layers=2, embed_dim=16, num_heads=2, num_kv_heads=1, head_dim=8,
+                       hidden_dim=32)
+  params = random_params(config, seed=0)
+  model = LanguageModel(config)
+  assert config.vocab_size == tiny_gemma()[0].config.vocab_size
+  _check_varied(model, params, 'small_draft_gemma')
+  return model, params

@@ -151,7 +151,7 @@ def test_greedy_equals_argmax_of_a_full_forward():
 
 @pytest.mark.parametrize('bad, message', [
     (dict(prompts=[[]]), 'prompt 0 is empty'),
-    (dict(prompts=[[1] * 60]), 'needs 70 cache slots, more than the 64 allowed'),
+    (dict(prompts=[[1] * 60]), 'needs 71 cache slots, more than the 64 allowed'),
     (dict(prompts=[[1, 999]]), 'token ids outside'),
     (dict(max_new_tokens=0), 'max_new_tokens must be >= 1'),
 ])

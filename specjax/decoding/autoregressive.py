@@ -100,7 +100,8 @@ def generate(model: LanguageModel, params, prompts: Sequence[Sequence[int]], *,
   sampled output does not depend on which batch it ran in.
   """
   max_slots = min(max_cache_len or model.config.max_position, model.config.max_position)
-  packed = batch_lib.pack(prompts, max_new_tokens=max_new_tokens, max_slots=max_slots,
+  packed = batch_lib.pack(prompts, max_new_tokens=max_new_tokens, extra_slots=1,
+                          max_slots=max_slots,
                           row_ids=row_ids, rows_multiple=model.data_parallelism,
                           vocab_size=model.config.vocab_size)
   keys_B = sampling_lib.row_keys(seed, packed.row_ids_B)

@@ -44,8 +44,9 @@ def _round_up(n: int, multiple: int) -> int:
 def pack(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, extra_slots: int = 0,
          max_slots: int, row_ids: Sequence[int] | None = None, rows_multiple: int = 1,
          vocab_size: int | None = None) -> PromptBatch:
-  """Validates prompts and lays them out; `extra_slots` is what a verify step
-  may write past the last committed token (gamma + 1 for speculative decoding)."""
+  """Validates prompts and lays them out; `extra_slots` is how far past the last
+  committed token a step may write (gamma + 1 for a verify step, 1 for a
+  decode step, whose single entry kv_cache.write writes twice)."""
   if not prompts:
     raise ValueError('no prompts given')
   if max_new_tokens < 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import time
 from typing import Sequence
 
@@ -181,8 +182,9 @@ def generate(target: LanguageModel, target_params, drafter: Drafter,
   for greedy decoding); rows use the same rng streams (`row_ids`) as there for
   the first token, and their own streams for drafting and acceptance.
   """
-  if not isinstance(gamma, int) or gamma < 1:
+  if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral) or gamma < 1:
     raise ValueError(f'gamma must be an integer >= 1, got {gamma!r}')
+  gamma = int(gamma)
   check_drafter(drafter, target)
   max_slots = min(max_cache_len or target.config.max_position, target.config.max_position)
   packed = batch_lib.pack(prompts, max_new_tokens=max_new_tokens, extra_slots=gamma + 1,

@@ -61,7 +61,7 @@ def _autoregressive(model, params, config: ExperimentConfig, eos_ids) -> Runner:
         model, params, prompts, max_new_tokens=config.max_new_tokens, sampling=config.sampling,
         eos_ids=eos_ids, seed=config.seed, row_ids=row_ids, max_cache_len=config.max_cache_len)
     return BatchResult(out.new_tokens, out.wall_s, [{} for _ in prompts])
-  return Runner(run, _bucket_fn(model, config, extra_slots=0))
+  return Runner(run, _bucket_fn(model, config, extra_slots=1))
 
 
 def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runner:

@@ -35,10 +35,20 @@ def write(layer_cache: dict[str, jax.Array], k_BxTxKxH: jax.Array, v_BxTxKxH: ja
           start_B: jax.Array) -> dict[str, jax.Array]:
   """Writes T new entries per row at that row's own start slot.
 
-  Callers guarantee start + T <= S (dynamic_update_slice would otherwise clamp
-  the start and silently overwrite the wrong slots); the decoding loops size
-  the cache for this and check it before compiling.
+  A single new entry is written twice (slots start and start + 1; the second
+  is past the row's length, so it is stale and hidden). XLA:CPU turns a
+  one-slot row update into a select-and-update that it cannot do in place in
+  a decoding loop, and copied every layer's cache twice per decode step (2 x
+  36 MB at 1,024 slots for Gemma 3 270M); two-slot updates stay in place.
+
+  Callers guarantee start + max(T, 2) <= S (dynamic_update_slice would
+  otherwise clamp the start and silently overwrite the wrong slots); the
+  decoding loops size the cache for this.
   """
+  if k_BxTxKxH.shape[1] == 1:
+    k_BxTxKxH = jnp.concatenate([k_BxTxKxH] * 2, axis=1)
+    v_BxTxKxH = jnp.concatenate([v_BxTxKxH] * 2, axis=1)
+
   def row(buf_SxKxH, new_TxKxH, start):
     return jax.lax.dynamic_update_slice(buf_SxKxH, new_TxKxH.astype(buf_SxKxH.dtype),
                                         (start, 0, 0))

@@ -6,11 +6,16 @@ autoregressive decoding of the same prompts in the same run, and mean accepted
 tokens per target call (the corrected or bonus token included, so plain
 decoding scores 1.00). Beside each measured speedup it prints the one
 predicted from the measured mean accepted tokens and the measured costs of a
-decode step, a verify call and a draft step:
+decode step, a verify call and a draft step, each measured at the prompt's
+own cache length (the slots of the program it ran in):
 
-  predicted = tokens per call x decode step / (verify call + gamma x draft step)
+  predicted wall = prefill + verify calls x (verify call + gamma x draft step),
 
-and their ratio, the engine's efficiency. Compilation is excluded: each
+where the prefill (shared by both methods) is the baseline's wall time less
+its decode steps, so that with mean accepted tokens per call k the decode part
+is predicted k x decode step / (verify call + gamma x draft step) faster; the
+ratio of measured to predicted speedup is the engine's efficiency. Step costs
+are kept in `<out>/costs.json` and reused by a rerun. Compilation is excluded: each
 (method, shape bucket) runs once untimed first. Rows go to
 `<out>/rows.jsonl` as they are measured, and a rerun resumes from them.
 
@@ -38,6 +43,7 @@ import numpy as np
 
 from specjax import checkpoints
 from specjax.decoding import autoregressive, sampling, speculative
+from specjax.decoding import batch as batch_lib
 from specjax.drafters import make_drafter
 from specjax.experiments import prompts as prompts_lib
 from specjax.models.language_model import LanguageModel
@@ -186,26 +192,41 @@ def main(argv):
         logging.info('[%d/%d] %s %s: %d tokens, %.1f tok/s', done_count, total, p.id, method,
                      row['new_tokens'], row['new_tokens'] / row['wall_s'])
 
+  # Step costs depend on the cache length, so each prompt is predicted from the
+  # costs measured at its own cache bucket (the slots its program ran with).
+  slots_of = {p.id: _num_slots(len(ids[p.id]), MAX_NEW.value, max(gammas) + 1, config)
+              for p in chosen}
+  costs_path = os.path.join(OUT.value, 'costs.json')
   costs = {}
-  slots = 1024
-  for d in DRAFTERS.value:
-    for g in gammas:
-      costs[f'{d}@{g}'] = measure_costs(model, params, drafters[d], g, slots)
-  report = summarize(rows, chosen, methods, costs)
+  if os.path.exists(costs_path):  # measured by an earlier run of the same --out
+    with open(costs_path) as f:
+      costs = {(c.pop('method'), c.pop('slots')): c for c in json.load(f)}
+  for slots in sorted(set(slots_of.values())):
+    for d in DRAFTERS.value:
+      for g in gammas:
+        if (f'{d}@{g}', slots) in costs:
+          continue
+        costs[(f'{d}@{g}', slots)] = measure_costs(model, params, drafters[d], g, slots)
+        logging.info('costs %s@%d at %d slots: %s', d, g, slots, costs[(f'{d}@{g}', slots)])
+  report = summarize(rows, chosen, methods, costs, slots_of)
   if HF.value:
     report += '\n' + hf_side_by_side(chosen, ids, rows, eos)
   print(report)
   with open(os.path.join(OUT.value, 'report.md'), 'w') as f:
     f.write(report)
   with open(os.path.join(OUT.value, 'costs.json'), 'w') as f:
-    json.dump(costs, f, indent=1)
+    json.dump([dict(method=m, slots=n, **c) for (m, n), c in costs.items()], f, indent=1)
 
 
-def summarize(rows, chosen, methods, costs) -> str:
+def _num_slots(prompt_len, max_new, extra, config) -> int:
+  return batch_lib.pack([[1] * prompt_len], max_new_tokens=max_new, extra_slots=extra,
+                        max_slots=config.max_position).num_slots
+
+
+def summarize(rows, chosen, methods, costs, slots_of) -> str:
   tasks = sorted({p.category for p in chosen})
   lines = ['| method | task | speedup | predicted | efficiency | acceptance | mean accepted | '
            'identical |', '|---|---|---|---|---|---|---|---|']
-  decode_s = next(iter(costs.values()))['decode_s'] if costs else float('nan')
   for method, drafter_name, gamma in methods[1:]:
     for task in tasks + ['overall']:
       ps = [p for p in chosen if task in ('overall', p.category)]
@@ -215,18 +236,25 @@ def summarize(rows, chosen, methods, costs) -> str:
       mine_tps = np.mean([r['new_tokens'] / r['wall_s'] for r in mine])
       mean_acc = sum(r['new_tokens'] for r in mine) / sum(r['target_calls'] for r in mine)
       acc_rate = sum(r['accepted'] for r in mine) / max(1, sum(r['drafted'] for r in mine))
-      c = costs[method]
-      predicted = mean_acc * c['decode_s'] / (c['verify_s'] + gamma * c['draft_step_s'])
+      # Both methods share the prefill and the first token, so the prediction
+      # keeps the baseline's measured prefill and replaces its decode steps.
+      predicted_tps = []
+      for p, a, m in zip(ps, base, mine):
+        c = costs[(method, slots_of[p.id])]
+        prefill_s = max(0.0, a['wall_s'] - (a['target_calls'] - 1) * c['decode_s'])
+        step_s = c['verify_s'] + gamma * c['draft_step_s']
+        predicted_tps.append(m['new_tokens'] / (prefill_s + (m['target_calls'] - 1) * step_s))
+      predicted = np.mean(predicted_tps) / base_tps
       speedup = mine_tps / base_tps
       same = np.mean([a['output_ids'] == b['output_ids'] for a, b in zip(mine, base)])
       lines.append(f'| {method} | {task} | {speedup:.2f}x | {predicted:.2f}x | '
                    f'{speedup / predicted:.2f} | {acc_rate:.2f} | {mean_acc:.2f} | {same:.2f} |')
-  cost_lines = ['', '| method | decode step ms | verify ms | verify / decode | draft step ms |',
-                '|---|---|---|---|---|']
-  for method, c in costs.items():
-    cost_lines.append(f"| {method} | {1e3 * c['decode_s']:.1f} | {1e3 * c['verify_s']:.1f} | "
-                      f"{c['verify_s'] / c['decode_s']:.2f} | {1e3 * c['draft_step_s']:.2f} |")
-  del decode_s
+  cost_lines = ['', '| method | cache slots | decode step ms | verify ms | verify / decode | '
+                'draft step ms |', '|---|---|---|---|---|---|']
+  for (method, slots), c in sorted(costs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    cost_lines.append(f"| {method} | {slots} | {1e3 * c['decode_s']:.1f} | "
+                      f"{1e3 * c['verify_s']:.1f} | {c['verify_s'] / c['decode_s']:.2f} | "
+                      f"{1e3 * c['draft_step_s']:.2f} |")
   return '\n'.join(lines + cost_lines)
 
 

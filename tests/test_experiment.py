@@ -239,3 +239,24 @@ def test_embedded_gemma_smoke(tmp_path):
   for row in rows:
     assert 1 <= row['new_tokens'] <= 8 and row['text'].strip()
   assert summary['methods']['ngram']['identical_fraction'] == 1.0
+
+
+def test_a_greedy_mismatch_is_reported_with_the_target_margin(tmp_path, monkeypatch):
+  """Were speculative output ever to leave the baseline, the row says where and
+  by how much the target preferred its own token there."""
+  config = tiny_config(tmp_path)
+  real_spec = methods.speculative.generate
+
+  def tampered_spec(model, params, drafter, prompts, **kw):
+    out = real_spec(model, params, drafter, prompts, **kw)
+    out.new_tokens[0][2] = (out.new_tokens[0][2] + 1) % model.config.vocab_size
+    return out
+
+  monkeypatch.setattr(methods.speculative, 'generate', tampered_spec)
+  summary = experiment.run_experiment(config)
+  rows = [r for r in read_rows(config) if r['method'] == 'ngram']
+  flagged = [r for r in rows if not r['identical_to_baseline']]
+  assert flagged and all(r['divergence']['position'] == 2 for r in flagged)
+  assert all(r['divergence']['logit_margin'] > 0 for r in flagged)
+  assert all('divergence' not in r for r in rows if r['identical_to_baseline'])
+  assert summary['methods']['ngram']['identical_fraction'] < 1.0

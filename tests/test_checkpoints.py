@@ -102,11 +102,8 @@ def _gguf_tensors(config: GemmaConfig, params: dict) -> dict[str, np.ndarray]:
   return {name: np.ascontiguousarray(x, np.float32) for name, x in out.items()}
 
 
-def write_gguf(path: Path, config: GemmaConfig, params: dict, types: dict[str, Q] | None = None,
-               arch: str = 'gemma3', drop: tuple[str, ...] = (),
-               replace: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-  """Writes a GGUF as llama.cpp would; returns what each tensor decodes to (after quantizing)."""
-  writer = gguf.GGUFWriter(path, arch=arch)
+def _add_sizes(writer: gguf.GGUFWriter, config: GemmaConfig) -> None:
+  """The size keys every Gemma GGUF states."""
   writer.add_block_count(config.num_layers)
   writer.add_context_length(config.max_position)
   writer.add_embedding_length(config.embed_dim)
@@ -114,6 +111,21 @@ def write_gguf(path: Path, config: GemmaConfig, params: dict, types: dict[str, Q
   writer.add_head_count(config.num_heads)
   writer.add_head_count_kv(config.num_kv_heads)
   writer.add_key_length(config.head_dim)
+
+
+def _finish(writer: gguf.GGUFWriter) -> None:
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+
+
+def write_gguf(path: Path, config: GemmaConfig, params: dict, types: dict[str, Q] | None = None,
+               arch: str = 'gemma3', drop: tuple[str, ...] = (),
+               replace: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+  """Writes a GGUF as llama.cpp would; returns what each tensor decodes to (after quantizing)."""
+  writer = gguf.GGUFWriter(path, arch=arch)
+  _add_sizes(writer, config)
   writer.add_value_length(config.head_dim)
   writer.add_sliding_window(config.sliding_window)
   writer.add_sliding_window_pattern(config.global_every)
@@ -141,10 +153,7 @@ def write_gguf(path: Path, config: GemmaConfig, params: dict, types: dict[str, Q
     else:
       writer.add_tensor(name, gguf.quants.quantize(value, kind), raw_dtype=kind)
     decoded[name] = gguf.quants.dequantize(gguf.quants.quantize(value, kind), kind)
-  writer.write_header_to_file()
-  writer.write_kv_data_to_file()
-  writer.write_tensors_to_file()
-  writer.close()
+  _finish(writer)
   return decoded
 
 
@@ -199,13 +208,7 @@ def test_gguf_config_uses_llama_cpp_conventions_for_unstated_fields(tmp_path):
                        final_logit_softcap=30.0, rope_base_local=10_000.0)
   params = jax.tree.map(np.asarray, gemma.init_params(config, jax.random.key(1)))
   writer = gguf.GGUFWriter(tmp_path / 'g2.gguf', arch='gemma2')
-  writer.add_block_count(config.num_layers)
-  writer.add_context_length(config.max_position)
-  writer.add_embedding_length(config.embed_dim)
-  writer.add_feed_forward_length(config.hidden_dim)
-  writer.add_head_count(config.num_heads)
-  writer.add_head_count_kv(config.num_kv_heads)
-  writer.add_key_length(config.head_dim)
+  _add_sizes(writer, config)
   writer.add_sliding_window(config.sliding_window)
   writer.add_layer_norm_rms_eps(config.rms_norm_eps)
   writer.add_attn_logit_softcapping(50.0)
@@ -213,10 +216,7 @@ def test_gguf_config_uses_llama_cpp_conventions_for_unstated_fields(tmp_path):
   writer.add_token_list([f't{i}' for i in range(config.vocab_size)])
   for name, value in _gguf_tensors(config, params).items():
     writer.add_tensor(name, value)
-  writer.write_header_to_file()
-  writer.write_kv_data_to_file()
-  writer.write_tensors_to_file()
-  writer.close()
+  _finish(writer)
   got_config, got = gguf_loader.load_gguf(tmp_path / 'g2.gguf')
   assert got_config == config
   _assert_trees_close(got, params)

@@ -32,7 +32,6 @@ class Drafter:
   update: Callable[..., Any]
   propose: Callable[..., Any]
   params: Any = None          # the drafter's own weights (None for n-gram / early exit)
-  cost_note: str = ''
 
 
 def no_state_init(dparams, tokens_BxS, lengths_B, prefill_len, target_cache):

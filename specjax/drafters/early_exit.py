@@ -38,8 +38,8 @@ def make(target: LanguageModel, num_layers: int) -> base.Drafter:
                                            num_layers=num_layers)
       logits_BxV = logits_Bx1xV[:, 0]
       if sampling.greedy:
-        return (cache, jnp.argmax(logits_BxV, -1).astype(jnp.int32)), (
-            jnp.argmax(logits_BxV, -1).astype(jnp.int32), jnp.zeros((), jnp.float32))
+        new_B = jnp.argmax(logits_BxV, -1).astype(jnp.int32)
+        return (cache, new_B), (new_B, jnp.zeros((), jnp.float32))
       q_BxV = sampling_lib.probabilities(logits_BxV, sampling)
       new_B = sampling_lib.sample(sampling_lib.step_keys(keys_B, i, stream=_DRAFT_STREAM), q_BxV)
       return (cache, new_B), (new_B, q_BxV)

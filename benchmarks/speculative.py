@@ -42,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import checkpoints
-from specjax.decoding import autoregressive, sampling, speculative
+from specjax import sampling
+from specjax.decoding import autoregressive, speculative
 from specjax.decoding import batch as batch_lib
 from specjax.drafters import make_drafter
 from specjax.experiments import prompts as prompts_lib

@@ -43,14 +43,14 @@ def param_specs(params, config: GemmaConfig, model_size: int):
   """A PartitionSpec for every parameter, chosen by its name."""
   kv = _kv_split(config, model_size)
   rules = {
-      'embedding_DxV': P(None, 'model'),
-      'q_DxNxH': P(None, 'model', None),
-      'k_DxKxH': P(None, kv, None),
-      'v_DxKxH': P(None, kv, None),
-      'o_NxHxD': P('model', None, None),
-      'gate_DxF': P(None, 'model'),
-      'up_DxF': P(None, 'model'),
-      'down_FxD': P('model', None),
+      'embedding_VxD': P('model', None),
+      'q_NHxD': P('model', None),       # heads are contiguous row blocks
+      'k_KHxD': P(kv, None),
+      'v_KHxD': P(kv, None),
+      'o_DxNH': P(None, 'model'),
+      'gate_FxD': P('model', None),
+      'up_FxD': P('model', None),
+      'down_DxF': P(None, 'model'),
       'scale': P(),
   }
 

@@ -17,7 +17,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from specjax import sharding  # noqa: E402
-from specjax.decoding import autoregressive, sampling, speculative  # noqa: E402
+from specjax import sampling
+from specjax.decoding import autoregressive, speculative  # noqa: E402
 from specjax.drafters import make_drafter  # noqa: E402
 from specjax.models import config as config_lib, gemma  # noqa: E402
 from specjax.models.language_model import LanguageModel  # noqa: E402
@@ -33,13 +34,17 @@ def forward_max_diff(cfg, data, model_size):
   positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
 
   def run(lm, p):
-    return jax.jit(lambda p, t, pos: lm.forward(p, t, pos, lm.init_cache(batch, 16)))(
+    return jax.jit(lambda p, t, pos: lm.forward(p, t, pos, lm.init_cache(batch, 16),
+                                                hidden_layers=(0, cfg.num_layers - 1)))(
         p, tokens, positions)
-  logits_1, cache_1 = run(one, params)
-  logits_n, cache_n = run(many, sharding.shard_params(params, cfg, mesh))
+  out_1 = run(one, params)
+  out_n = run(many, sharding.shard_params(params, cfg, mesh))
   cache_diff = max(float(jnp.abs(a - b).max()) for a, b in
-                   zip(jax.tree.leaves(cache_1), jax.tree.leaves(cache_n)))
-  return float(jnp.abs(logits_1 - logits_n).max()), cache_diff, float(jnp.abs(logits_1).max())
+                   zip(jax.tree.leaves(out_1.cache), jax.tree.leaves(out_n.cache)))
+  hidden_diff = max(float(jnp.abs(out_1.hidden_BxTxD - out_n.hidden_BxTxD).max()),
+                    float(jnp.abs(out_1.layer_hidden_LxBxTxD - out_n.layer_hidden_LxBxTxD).max()))
+  return (float(jnp.abs(out_1.logits_BxRxV - out_n.logits_BxRxV).max()), cache_diff,
+          float(jnp.abs(out_1.logits_BxRxV).max()), hidden_diff)
 
 
 def main():
@@ -62,9 +67,10 @@ def main():
   draft_cfg = config_lib.tiny_config(num_layers=2)
   draft_params = gemma.init_params(draft_cfg, jax.random.key(4))
   for name in ('ngram', 'early_exit', 'draft_model'):
-    one_d = make_drafter(name, target=one, early_exit_layers=2,
+    settings = {'layers': 2} if name == 'early_exit' else None
+    one_d = make_drafter(name, target=one, settings=settings,
                          draft_model=(LanguageModel(draft_cfg), draft_params))
-    many_d = make_drafter(name, target=many, early_exit_layers=2,
+    many_d = make_drafter(name, target=many, settings=settings,
                           draft_model=(LanguageModel(draft_cfg, mesh=mesh),
                                        sharding.shard_params(draft_params, draft_cfg, mesh)))
     a = speculative.generate(one, params, one_d, prompts, gamma=3, max_new_tokens=12)

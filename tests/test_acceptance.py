@@ -22,7 +22,7 @@ import scipy.stats
 
 from specjax.decoding import acceptance
 from specjax.decoding import autoregressive
-from specjax.decoding import sampling as sampling_lib
+from specjax import sampling as sampling_lib
 from specjax.decoding import speculative
 from specjax.drafters import make_drafter
 

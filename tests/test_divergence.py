@@ -28,8 +28,13 @@ def test_explain_reports_the_position_and_the_target_margin():
   assert (found.position, found.baseline_token, found.speculative_token) == (
       3, baseline[3], tampered[3])
   context = prompt + baseline[:3]
-  logits, _ = model.forward(params, jnp.asarray([context]), jnp.arange(len(context))[None],
-                            model.init_cache(1, len(context)))
+  logits, _ = _logits_cache(model.forward(params, jnp.asarray([context]), jnp.arange(len(context))[None],
+                            model.init_cache(1, len(context))))
   top = np.sort(np.asarray(logits[0, -1]))[::-1]
   np.testing.assert_allclose(found.logit_margin, top[0] - top[1], rtol=1e-5)
   assert found.logit_margin > 0
+
+
+def _logits_cache(out):
+  """(logits, cache) of a ForwardOutput."""
+  return out.logits_BxRxV, out.cache

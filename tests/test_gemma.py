@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.decoding import autoregressive, sampling
+from specjax import sampling
+from specjax.decoding import autoregressive
 from specjax.models import config as config_lib
 from specjax.models import gemma
 from specjax.models.language_model import LanguageModel
@@ -61,16 +62,17 @@ def test_cached_decode_equals_full_forward_across_the_window(family):
   length, batch, slots = 3 * cfg.sliding_window + 2, 2, 32
   tokens = jax.random.randint(jax.random.key(1), (batch, length), 0, cfg.vocab_size)
   positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
-  full, _ = model.forward(params, tokens, positions, model.init_cache(batch, slots))
+  full, _ = _logits_cache(model.forward(params, tokens, positions, model.init_cache(batch, slots)))
 
   cache = model.init_cache(batch, slots)
-  logits, cache = model.forward(params, tokens[:, :4], positions[:, :4], cache)
+  logits, cache = _logits_cache(model.forward(params, tokens[:, :4], positions[:, :4], cache))
   steps = [logits]
   for t in range(4, length):
-    logits, cache = model.forward(params, tokens[:, t:t + 1], positions[:, t:t + 1], cache)
+    logits, cache = _logits_cache(model.forward(params, tokens[:, t:t + 1], positions[:, t:t + 1], cache))
     steps.append(logits)
   incremental = jnp.concatenate(steps, axis=1)
-  np.testing.assert_allclose(incremental, full, atol=2e-5, rtol=1e-5)
+  # Local layers read a window slice when decoding: a different summation order.
+  np.testing.assert_allclose(incremental, full, atol=1e-4, rtol=1e-5)
   assert float(jnp.abs(full).max()) > 1.0
 
 
@@ -81,8 +83,8 @@ def test_sliding_window_changes_the_result():
   length = 3 * cfg.sliding_window
   tokens = jax.random.randint(jax.random.key(1), (1, length), 0, cfg.vocab_size)
   positions = jnp.arange(length)[None]
-  narrow_logits, _ = model.forward(params, tokens, positions, model.init_cache(1, length))
-  wide_logits, _ = wide.forward(params, tokens, positions, wide.init_cache(1, length))
+  narrow_logits, _ = _logits_cache(model.forward(params, tokens, positions, model.init_cache(1, length)))
+  wide_logits, _ = _logits_cache(wide.forward(params, tokens, positions, wide.init_cache(1, length)))
   early = cfg.sliding_window
   np.testing.assert_allclose(narrow_logits[:, :early], wide_logits[:, :early], atol=1e-5)
   assert float(jnp.abs(narrow_logits[:, -1] - wide_logits[:, -1]).max()) > 1e-3
@@ -92,9 +94,9 @@ def test_logit_indices_pick_positions():
   cfg, params, model = _tiny()
   tokens = jnp.arange(10)[None] % cfg.vocab_size
   positions = jnp.arange(10)[None]
-  full, _ = model.forward(params, tokens, positions, model.init_cache(1, 16))
-  picked, _ = model.forward(params, tokens, positions, model.init_cache(1, 16),
-                            jnp.array([[7, 2]]))
+  full, _ = _logits_cache(model.forward(params, tokens, positions, model.init_cache(1, 16)))
+  picked, _ = _logits_cache(model.forward(params, tokens, positions, model.init_cache(1, 16),
+                            jnp.array([[7, 2]])))
   np.testing.assert_allclose(picked[0], full[0, jnp.array([7, 2])], atol=1e-6)
 
 
@@ -143,8 +145,8 @@ def test_greedy_equals_argmax_of_a_full_forward():
   out = autoregressive.generate(model, params, [prompt], max_new_tokens=8).new_tokens[0]
   seq = list(prompt)
   for _ in range(8):
-    logits, _ = model.forward(params, jnp.array([seq]), jnp.arange(len(seq))[None],
-                              model.init_cache(1, 32))
+    logits, _ = _logits_cache(model.forward(params, jnp.array([seq]), jnp.arange(len(seq))[None],
+                              model.init_cache(1, 32)))
     seq.append(int(jnp.argmax(logits[0, -1])))
   assert seq[len(prompt):] == out
 
@@ -182,3 +184,8 @@ def test_top_k_and_top_p_filter_the_distribution():
   np.testing.assert_allclose(nucleus[0], [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0], atol=1e-6)
   greedy = sampling.probabilities(logits, sampling.SamplingConfig())
   np.testing.assert_allclose(greedy[0], [1, 0, 0, 0])
+
+
+def _logits_cache(out):
+  """(logits, cache) of a ForwardOutput."""
+  return out.logits_BxRxV, out.cache

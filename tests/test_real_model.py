@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from specjax import checkpoints
-from specjax.decoding import autoregressive, sampling, speculative
+from specjax import sampling
+from specjax.decoding import autoregressive, speculative
 from specjax.drafters import make_drafter
 from specjax.models import config as config_lib
 from specjax.models.language_model import LanguageModel
@@ -39,8 +40,8 @@ def reference():
 
 def _full_forward(model, params, ids):
   length = len(ids)
-  logits, _ = jax.jit(model.forward)(params, jnp.asarray(ids)[None], jnp.arange(length)[None],
-                                     model.init_cache(1, length))
+  logits, _ = _logits_cache(jax.jit(model.forward)(params, jnp.asarray(ids)[None], jnp.arange(length)[None],
+                                     model.init_cache(1, length)))
   return np.asarray(logits[0])
 
 
@@ -65,10 +66,10 @@ def test_cached_decode_matches_transformers_past_the_window(target, reference):
   start, stop = 500, 560
   forward = jax.jit(model.forward)
   cache = model.init_cache(1, 640)
-  logits, cache = forward(params, ids[None, :start], jnp.arange(start)[None], cache)
+  logits, cache = _logits_cache(forward(params, ids[None, :start], jnp.arange(start)[None], cache))
   decoded = [np.asarray(logits[0, -1])]
   for t in range(start, stop):
-    logits, cache = forward(params, ids[None, t:t + 1], jnp.array([[t]]), cache)
+    logits, cache = _logits_cache(forward(params, ids[None, t:t + 1], jnp.array([[t]]), cache))
     decoded.append(np.asarray(logits[0, -1]))
   decoded = np.stack(decoded[:-1])  # predictions at positions start-1 .. stop-2
   top_ids = data['p3_top16_ids'][start - 1:stop - 1]
@@ -108,3 +109,8 @@ def test_sampled_batch_rows_equal_rows_alone_on_the_real_model(target):
   # Same first token as autoregressive sampling (same row stream), different later draws.
   assert [t[0] for t in batch.new_tokens] == [t[0] for t in plain.new_tokens]
   assert len({tuple(t) for t in batch.new_tokens}) == len(PROMPTS)
+
+
+def _logits_cache(out):
+  """(logits, cache) of a ForwardOutput."""
+  return out.logits_BxRxV, out.cache

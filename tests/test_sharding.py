@@ -30,10 +30,11 @@ def test_eight_devices_were_used(sharded_results):
 
 @pytest.mark.parametrize('kv_heads', [1, 2, 4])
 def test_sharded_forward_matches_one_device(sharded_results, kv_heads):
-  logits_diff, cache_diff, logits_scale = sharded_results[f'forward_kv{kv_heads}']
+  logits_diff, cache_diff, logits_scale, hidden_diff = sharded_results[f'forward_kv{kv_heads}']
   assert logits_scale > 1.0  # the comparison is not between two zero tensors
   assert logits_diff < 1e-4
   assert cache_diff < 1e-4
+  assert hidden_diff < 1e-4  # final-norm and per-layer hidden states, through shard_map
 
 
 def test_sharded_autoregressive_greedy_matches_one_device(sharded_results):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from specjax.decoding import autoregressive
-from specjax.decoding import sampling as sampling_lib
+from specjax import sampling as sampling_lib
 from specjax.decoding import speculative
 from specjax.drafters import make_drafter
 from specjax.drafters import ngram as ngram_lib
@@ -37,13 +37,26 @@ PADDED = toy_models.RowPadded(TARGET, data_parallelism=4)
 DRAFTERS = {
     'ngram': make_drafter('ngram', target=TARGET),
     'draft_model': make_drafter('draft_model', target=TARGET, draft_model=(DRAFT, DRAFT_PARAMS)),
-    'early_exit': make_drafter('early_exit', target=TARGET, early_exit_layers=2),
+    'early_exit': make_drafter('early_exit', target=TARGET, settings={'layers': 2}),
     # The target drafting for itself: greedy acceptance must be total.
     'self_draft': make_drafter('draft_model', target=TARGET,
                                draft_model=(TARGET, TARGET_PARAMS)),
 }
 
 PROMPTS = [(2, 5, 9, 11), (7,), tuple(range(30, 42)), (1, 60, 3)]   # mixed lengths
+
+
+def spec_generate(*args, adaptive=False, **kwargs):
+  """speculative.generate with a fixed draft length (every row verifies gamma drafts,
+  so counts are known), or the adaptive policy with cheap verify calls, so that rows
+  with evidence draft and rows without take plain steps."""
+  gamma = kwargs['gamma']
+  if adaptive:
+    buckets = draft_length.default_buckets(gamma)
+    kwargs['policy'] = draft_length.Policy(buckets, tuple(1.0 + 0.01 * n for n in buckets))
+  else:
+    kwargs['policy'] = draft_length.fixed(gamma)
+  return speculative.generate(*args, **kwargs)
 MAX_NEW = 20    # 19 tokens after the first: ends mid-block for gamma + 1 in {2, 4, 8}
 GAMMAS = (1, 3, 7)
 
@@ -84,12 +97,15 @@ def greedy_reference() -> list[list[int]]:
   return [cut_at_eos(out, eos_id()) for out in plain_greedy()]
 
 
-def check_metric_invariants(out, gamma):
+def check_metric_invariants(out, gamma, adaptive=False):
   for b, new in enumerate(out.new_tokens):
     verify = out.target_calls[b] - 1
     accepted, at = out.accepted_tokens[b], out.accepted_at_position[b]
-    assert out.drafted_tokens[b] == gamma * verify
-    assert 0 <= accepted <= gamma * verify
+    drafted = out.drafted_tokens[b]
+    if not adaptive:   # every call verifies gamma drafts; only the last may be cut
+      assert gamma * (verify - 1) <= drafted <= gamma * verify
+    assert 0 <= accepted <= drafted <= gamma * verify
+    assert accepted <= len(new) - 1   # accepted drafts were all committed
     assert sum(at) == accepted
     assert all(at[i] >= at[i + 1] for i in range(gamma - 1))   # accepts are a prefix
     assert at[0] <= verify
@@ -113,35 +129,36 @@ def test_autoregressive_greedy_matches_full_forward_passes():
   assert out.new_tokens == greedy_reference()
 
 
+@pytest.mark.parametrize('adaptive', [False, True], ids=['fixed', 'adaptive'])
 @pytest.mark.parametrize('gamma', GAMMAS)
 @pytest.mark.parametrize('name', list(DRAFTERS))
-def test_greedy_speculative_equals_greedy_autoregressive(name, gamma):
+def test_greedy_speculative_equals_greedy_autoregressive(name, gamma, adaptive):
   drafter, eos = DRAFTERS[name], (eos_id(),)
-  out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
-                             max_new_tokens=MAX_NEW, eos_ids=eos)
+  out = spec_generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
+                      max_new_tokens=MAX_NEW, eos_ids=eos, adaptive=adaptive)
   assert out.new_tokens == greedy_reference()
-  check_metric_invariants(out, gamma)
+  check_metric_invariants(out, gamma, adaptive)
   assert out.steps == max(out.target_calls) - 1    # the loop stops when the last row is done
   for i, prompt in enumerate(PROMPTS):   # each prompt alone (plus 3 padding rows)
-    alone = speculative.generate(PADDED, TARGET_PARAMS, drafter, [prompt], gamma=gamma,
-                                 max_new_tokens=MAX_NEW, eos_ids=eos)
+    alone = spec_generate(PADDED, TARGET_PARAMS, drafter, [prompt], gamma=gamma,
+                          max_new_tokens=MAX_NEW, eos_ids=eos, adaptive=adaptive)
     assert alone.new_tokens == [greedy_reference()[i]]
     assert alone.target_calls == [out.target_calls[i]]
     assert alone.steps == alone.target_calls[0] - 1   # padding rows never keep it running
-  if name == 'self_draft':
+  if name == 'self_draft' and not adaptive:
     # The drafter saw every committed token (the bonus one included): every draft of
     # every verify call is accepted, and the calls are exactly those of full blocks.
     for b, new in enumerate(out.new_tokens):
       verify = out.target_calls[b] - 1
       assert verify == math.ceil((len(new) - 1) / (gamma + 1)), b
-      assert out.accepted_tokens[b] == gamma * verify, b
-      assert out.accepted_at_position[b] == [verify] * gamma, b
+      cut = (len(new) - 1) - (gamma + 1) * (verify - 1)   # tokens the last call committed
+      assert out.accepted_tokens[b] == gamma * (verify - 1) + min(gamma, cut), b
 
 
 def test_batch_of_one_without_padding():
   """A true [1, S] batch (the other tests pad a batch of one to 4 rows)."""
   for i in (0, 1):
-    out = speculative.generate(TARGET, TARGET_PARAMS, DRAFTERS['ngram'], [PROMPTS[i]], gamma=7,
+    out = spec_generate(TARGET, TARGET_PARAMS, DRAFTERS['ngram'], [PROMPTS[i]], gamma=7,
                                max_new_tokens=MAX_NEW, eos_ids=(eos_id(),))
     assert out.new_tokens == [greedy_reference()[i]]
 
@@ -149,7 +166,7 @@ def test_batch_of_one_without_padding():
 def test_drafters_do_get_drafts_accepted_and_rejected():
   """Parity tests are only strong if both acceptance and rejection happen."""
   for name in ('ngram', 'draft_model', 'early_exit'):
-    out = speculative.generate(PADDED, TARGET_PARAMS, DRAFTERS[name], PROMPTS, gamma=3,
+    out = spec_generate(PADDED, TARGET_PARAMS, DRAFTERS[name], PROMPTS, gamma=3,
                                max_new_tokens=MAX_NEW, eos_ids=(eos_id(),))
     accepted, drafted = sum(out.accepted_tokens), sum(out.drafted_tokens)
     assert 0 < accepted < drafted, (name, accepted, drafted)
@@ -163,18 +180,18 @@ SAMPLED = SamplingConfig(temperature=0.8, top_k=24, top_p=0.95)
 @pytest.mark.parametrize('name', ['ngram', 'draft_model', 'early_exit'])
 def test_sampled_rows_equal_the_row_alone(name):
   drafter, eos, seed = DRAFTERS[name], (eos_id(),), 3
-  out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=3,
+  out = spec_generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=3,
                              max_new_tokens=MAX_NEW, sampling=SAMPLED, eos_ids=eos, seed=seed,
                              row_ids=[10, 11, 12, 13])
   assert out.new_tokens != greedy_reference()   # sampling did happen
   for i, prompt in enumerate(PROMPTS):
-    alone = speculative.generate(PADDED, TARGET_PARAMS, drafter, [prompt], gamma=3,
+    alone = spec_generate(PADDED, TARGET_PARAMS, drafter, [prompt], gamma=3,
                                  max_new_tokens=MAX_NEW, sampling=SAMPLED, eos_ids=eos,
                                  seed=seed, row_ids=[10 + i])
     assert alone.new_tokens == [out.new_tokens[i]], i
     assert alone.accepted_tokens == [out.accepted_tokens[i]], i
   order = [2, 0, 3, 1]
-  shuffled = speculative.generate(PADDED, TARGET_PARAMS, drafter, [PROMPTS[i] for i in order],
+  shuffled = spec_generate(PADDED, TARGET_PARAMS, drafter, [PROMPTS[i] for i in order],
                                   gamma=3, max_new_tokens=MAX_NEW, sampling=SAMPLED,
                                   eos_ids=eos, seed=seed, row_ids=[10 + i for i in order])
   assert shuffled.new_tokens == [out.new_tokens[i] for i in order]
@@ -182,11 +199,11 @@ def test_sampled_rows_equal_the_row_alone(name):
 
 def test_sampled_row_alone_without_padding():
   drafter, eos = DRAFTERS['ngram'], (eos_id(),)
-  out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=3,
+  out = spec_generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=3,
                              max_new_tokens=MAX_NEW, sampling=SAMPLED, eos_ids=eos, seed=3,
                              row_ids=[10, 11, 12, 13])
   for i in (0, 2):
-    alone = speculative.generate(TARGET, TARGET_PARAMS, drafter, [PROMPTS[i]], gamma=3,
+    alone = spec_generate(TARGET, TARGET_PARAMS, drafter, [PROMPTS[i]], gamma=3,
                                  max_new_tokens=MAX_NEW, sampling=SAMPLED, eos_ids=eos, seed=3,
                                  row_ids=[10 + i])
     assert alone.new_tokens == [out.new_tokens[i]]
@@ -210,21 +227,21 @@ def test_count_up_with_ngram_accepts_every_draft(gamma):
   # Each prompt holds a whole cycle, so the latest n-gram match predicts the rest.
   prompts = [list(range(COUNT_V)) + [0, 1, 2], list(range(9, COUNT_V)) + list(range(11))]
   num_new = 13
-  out = speculative.generate(COUNT_TOY, COUNT_TABLE, NGRAM_TOY, prompts, gamma=gamma,
+  out = spec_generate(COUNT_TOY, COUNT_TABLE, NGRAM_TOY, prompts, gamma=gamma,
                              max_new_tokens=num_new)
   verify = full_blocks(num_new, gamma + 1)
+  last = (num_new - 1) - (gamma + 1) * (verify - 1)   # committed by the last call
   for b, prompt in enumerate(prompts):
     assert out.new_tokens[b] == [(prompt[-1] + 1 + i) % COUNT_V for i in range(num_new)]
     assert out.target_calls[b] == 1 + verify
-    assert out.accepted_tokens[b] == gamma * verify
-    assert out.accepted_at_position[b] == [verify] * gamma
+    assert out.accepted_tokens[b] == gamma * (verify - 1) + min(gamma, last)
   if gamma == 3:   # by hand: 12 tokens after the first, 4 per call -> 3 calls
     assert out.target_calls == [4, 4] and out.accepted_tokens == [9, 9]
 
 
 def test_count_up_with_ngram_and_no_match_accepts_nothing():
   vocab = 64
-  out = speculative.generate(toy_models.table_model(vocab), toy_models.count_up_table(vocab),
+  out = spec_generate(toy_models.table_model(vocab), toy_models.count_up_table(vocab),
                              make_drafter('ngram', target=toy_models.table_model(vocab)), [[0]],
                              gamma=3, max_new_tokens=MAX_NEW)
   assert out.new_tokens == [list(range(1, MAX_NEW + 1))]
@@ -241,13 +258,20 @@ RIGHT_EOS = 10
 
 
 def predicted(prompt, k, gamma, max_new, eos):
-  """By hand: count up until EOS or the budget; min(k, gamma) drafts accepted per call."""
+  """By hand: count up until EOS or the budget; min(k, gamma) drafts accepted per
+  call. The last call commits what is left; drafts past that cut count as neither
+  drafted nor accepted."""
   new = []
   while len(new) < max_new and (not new or new[-1] != eos):
     new.append(((new or prompt)[-1] + 1) % COUNT_V)
   accept = min(k, gamma)
   verify = full_blocks(len(new), accept + 1)
-  return new, 1 + verify, accept * verify, [verify if i < accept else 0 for i in range(gamma)]
+  last = (len(new) - 1) - (accept + 1) * (verify - 1)
+  cut = last < accept + 1
+  accepted = accept * (verify - 1) + min(accept, last)
+  drafted = gamma * (verify - 1) + (min(gamma, last) if cut else gamma)
+  at = [verify - 1 + (i < min(accept, last)) if i < accept else 0 for i in range(gamma)]
+  return new, 1 + verify, accepted, drafted, at
 
 
 @pytest.mark.parametrize('sampling', [SamplingConfig(), SamplingConfig(temperature=1.0)],
@@ -256,20 +280,21 @@ def predicted(prompt, k, gamma, max_new, eos):
 def test_right_for_k_drafter_accepts_exactly_min_k_gamma_per_row(gamma, sampling):
   """Rows accept different numbers of drafts in one batch: no lockstep."""
   max_new = 14
-  out = speculative.generate(COUNT_TOY, COUNT_TABLE, RIGHT_FOR_K, RIGHT_PROMPTS, gamma=gamma,
+  out = spec_generate(COUNT_TOY, COUNT_TABLE, RIGHT_FOR_K, RIGHT_PROMPTS, gamma=gamma,
                              max_new_tokens=max_new, sampling=sampling, eos_ids=(RIGHT_EOS,))
   for b, (prompt, k) in enumerate(zip(RIGHT_PROMPTS, RIGHT_K)):
-    new, calls, accepted, at = predicted(prompt, k, gamma, max_new, RIGHT_EOS)
+    new, calls, accepted, drafted, at = predicted(prompt, k, gamma, max_new, RIGHT_EOS)
     assert out.new_tokens[b] == new, b
     assert out.target_calls[b] == calls, b
     assert out.accepted_tokens[b] == accepted, b
     assert out.accepted_at_position[b] == at, b
-    assert out.drafted_tokens[b] == gamma * (calls - 1), b
+    assert out.drafted_tokens[b] == drafted, b
   if gamma == 3:
     # By hand, row 2 (k = 2): the budget cuts [12, ..., 15, 0, ..., 9] before EOS 10;
-    # 13 after the first at 3 per call -> 5 calls (the last cut), 10 accepted drafts.
+    # 13 after the first at 3 per call -> 5 calls, the last committing 1 token: 4 x 2 + 1
+    # accepted drafts (counting the cut call's 2 would exceed what was committed).
     assert out.new_tokens[2] == [12, 13, 14, 15] + list(range(10))
-    assert (out.target_calls[2], out.accepted_tokens[2]) == (6, 10)
+    assert (out.target_calls[2], out.accepted_tokens[2], out.drafted_tokens[2]) == (6, 9, 13)
     # Row 0 (k = 0): [4, ..., 10] is 7 tokens, one per call after the first.
     assert (out.target_calls[0], out.accepted_tokens[0]) == (7, 0)
 
@@ -279,9 +304,12 @@ def test_padding_rows_do_not_keep_the_loop_running():
   Were the 3 padding rows live, their drafts (k = 0) would take 19 steps, not 3."""
   padded = toy_models.RowPadded(COUNT_TOY, data_parallelism=4)
   drafter = toy_models.right_for_k_drafter(COUNT_V, [7, 0, 0, 0])
-  out = speculative.generate(padded, COUNT_TABLE, drafter, [[3]], gamma=7, max_new_tokens=20)
+  out = spec_generate(padded, COUNT_TABLE, drafter, [[3]], gamma=7, max_new_tokens=20)
   assert out.new_tokens == [[(4 + i) % COUNT_V for i in range(20)]]
-  assert out.target_calls == [4] and out.accepted_tokens == [21]
+  # 19 tokens after the first: 8 + 8 + 3 (cut), so 7 + 7 + 3 accepted, never more than
+  # were committed (counting the cut block's 7 gave 21 for 20 new tokens).
+  assert out.target_calls == [4] and out.accepted_tokens == [17]
+  assert out.drafted_tokens == [17]
   assert out.steps == 3
 
 
@@ -295,7 +323,7 @@ def propose(rows, lengths, gamma, max_n, min_n=1, num_slots=16):
   for b, row in enumerate(rows):
     tokens[b, :len(row)] = row
   return np.asarray(_PROPOSE(jnp.asarray(tokens), jnp.asarray(lengths, jnp.int32), gamma,
-                             max_n, min_n)).tolist()
+                             max_n, min_n)[0]).tolist()
 
 
 def test_ngram_latest_match_wins():
@@ -359,7 +387,7 @@ def _toy_generate(**kwargs):
   args = dict(gamma=2, max_new_tokens=4)
   args.update(kwargs)
   prompts = args.pop('prompts', [[1, 2]])
-  return speculative.generate(COUNT_TOY, COUNT_TABLE, NGRAM_TOY, prompts, **args)
+  return spec_generate(COUNT_TOY, COUNT_TABLE, NGRAM_TOY, prompts, **args)
 
 
 @pytest.mark.parametrize('gamma', [0, -1, 2.5])
@@ -382,7 +410,7 @@ def test_draft_model_with_another_vocabulary():
                  draft_model=(toy_models.table_model(8), toy_models.count_up_table(8)))
   other = toy_models.right_for_k_drafter(8, [1])
   with pytest.raises(ValueError, match=r'vocabulary of 8 tokens but the target has 16'):
-    speculative.generate(COUNT_TOY, COUNT_TABLE, other, [[1]], gamma=2, max_new_tokens=4)
+    spec_generate(COUNT_TOY, COUNT_TABLE, other, [[1]], gamma=2, max_new_tokens=4)
 
 
 def test_unknown_drafter_name():
@@ -405,11 +433,11 @@ def test_empty_prompt():
 
 @pytest.mark.parametrize('layers', [0, -1, 4, 5])
 def test_early_exit_layers_out_of_range(layers):
-  with pytest.raises(ValueError, match=r'early_exit_layers must be in \[1, 3\] for this target, '
-                                       rf'got {layers}'):
-    make_drafter('early_exit', target=TARGET, early_exit_layers=layers)
+  with pytest.raises(ValueError, match=rf'config.early_exit.layers must be .*got {layers}'):
+    make_drafter('early_exit', target=TARGET, settings={'layers': layers})
 
 
 def test_bad_ngram_sizes():
-  with pytest.raises(ValueError, match='1 <= ngram_min <= ngram_max, got 3, 2'):
-    make_drafter('ngram', target=COUNT_TOY, ngram_max=2, ngram_min=3)
+  with pytest.raises(ValueError, match=r'config.ngram.min_n / max_n need 1 <= min_n <= max_n, '
+                     'got 3, 2'):
+    make_drafter('ngram', target=COUNT_TOY, settings={'max_n': 2, 'min_n': 3})

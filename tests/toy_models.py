@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.decoding import sampling as sampling_lib
+from specjax import sampling as sampling_lib
 from specjax.drafters import base
 from specjax.models import gemma
 from specjax.models.config import GemmaConfig, tiny_config
@@ -42,12 +42,15 @@ class TableModel:
     return jnp.zeros((batch,), jnp.float32)  # the table needs no cache
 
   def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-              num_layers=None):
+              num_layers=None, hidden_layers=()):
     del positions_BxT, num_layers
     logits_BxTxV = jnp.asarray(params, jnp.float32)[tokens_BxT]
+    # The "hidden state" of a bigram model is its current token, as a float.
+    hidden_BxTxD = tokens_BxT[..., None].astype(jnp.float32)
+    layer_hidden = jnp.stack([hidden_BxTxD] * len(hidden_layers)) if hidden_layers else None
     if logit_indices_BxR is not None:
       logits_BxTxV = jnp.take_along_axis(logits_BxTxV, logit_indices_BxR[:, :, None], axis=1)
-    return logits_BxTxV, cache
+    return gemma.ForwardOutput(logits_BxTxV, cache, hidden_BxTxD, layer_hidden)
 
 
 @functools.cache
@@ -95,15 +98,15 @@ def right_for_k_drafter(vocab: int, k_B) -> base.Drafter:
   k is the drafter's params (data), so every k shares one compiled program.
   """
 
-  def propose(dparams, state, tokens_BxS, lengths_B, keys_B, sampling, gamma,
-              target_params, target_cache):
-    del keys_B, sampling, target_params
+  def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None):
+    del keys_B, sampling, shared
     last_B = tokens_BxS[jnp.arange(tokens_BxS.shape[0]), lengths_B - 1]
     i_G = jnp.arange(gamma)
     right_BxG = (last_B[:, None] + 1 + i_G[None, :]) % vocab
     wrong_BxG = (right_BxG + 1) % vocab
-    draft_BxG = jnp.where(i_G[None, :] < dparams[:, None], right_BxG, wrong_BxG)
-    return draft_BxG.astype(jnp.int32), None, state, target_cache
+    draft_BxG = jnp.where(i_G[None, :] < params[:, None], right_BxG, wrong_BxG)
+    return base.Proposal(draft_BxG.astype(jnp.int32), None,
+                         jnp.full(lengths_B.shape, gamma, jnp.int32), state)
 
   return base.Drafter(name='right_for_k', vocab_size=vocab, init=base.no_state_init,
                       update=base.no_state_update, propose=propose,
@@ -117,10 +120,9 @@ def argmax_table_drafter(q_table, *, soft_q: bool = False) -> base.Drafter:
   reporting the soft q of an argmax drafter, which a distribution test must reject.
   """
 
-  def propose(dparams, state, tokens_BxS, lengths_B, keys_B, sampling, gamma,
-              target_params, target_cache):
-    del keys_B, target_params
-    table_VxV = jnp.asarray(dparams, jnp.float32)
+  def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None):
+    del keys_B, shared
+    table_VxV = jnp.asarray(params, jnp.float32)
     token_B = tokens_BxS[jnp.arange(tokens_BxS.shape[0]), lengths_B - 1]
     drafts, qs = [], []
     for _ in range(gamma):
@@ -129,7 +131,8 @@ def argmax_table_drafter(q_table, *, soft_q: bool = False) -> base.Drafter:
       token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
       drafts.append(token_B)
     q_BxGxV = jnp.stack(qs, axis=1) if soft_q else None
-    return jnp.stack(drafts, axis=1), q_BxGxV, state, target_cache
+    return base.Proposal(jnp.stack(drafts, axis=1), q_BxGxV,
+                         jnp.full(lengths_B.shape, gamma, jnp.int32), state)
 
   return base.Drafter(name='argmax_table_soft_q' if soft_q else 'argmax_table',
                       vocab_size=int(np.shape(q_table)[0]), init=base.no_state_init,
@@ -147,9 +150,8 @@ def _full_forward_logits(model, params, tokens_1xS):
   """Logits at every position from one uncached pass over a fresh cache."""
   num_slots = tokens_1xS.shape[1]
   positions_1xS = jnp.arange(num_slots, dtype=jnp.int32)[None]
-  logits_1xSxV, _ = model.forward(params, tokens_1xS, positions_1xS,
-                                  model.init_cache(1, num_slots))
-  return logits_1xSxV[0]
+  return model.forward(params, tokens_1xS, positions_1xS,
+                       model.init_cache(1, num_slots)).logits_BxRxV[0]
 
 
 def reference_greedy(model, params, prompt, num_new: int, eos_ids=(), width: int = 64):
@@ -190,7 +192,7 @@ def random_params(config: GemmaConfig, seed: int, *, embedding: float = 0.3,
         value *= final_norm
       elif names[-2].startswith('post_'):
         value *= post_norms
-    elif names[0] == 'embedding_DxV':
+    elif names[0] == 'embedding_VxD':
       value = rng.normal(size=shape) * config.embed_dim ** -0.5 * embedding
     else:
       value = rng.normal(size=shape) * 0.2

@@ -1,8 +1,8 @@
 """Gemma 2 / Gemma 3 weights and config from a GGUF file (llama.cpp's format).
 
 GGUF stores a matrix (out, in) once dequantized, i.e. its `shape` field lists
-(in, out); our layouts are (in, out), so every matrix is transposed and then
-reshaped to the head-split form (`q_DxNxH`, `o_NxHxD`). Norm weights already
+(in, out); our matrices are (out, in) too (`q_NHxD`, `embedding_VxD`), so a
+dequantized tensor is used as it is. Norm weights already
 hold Gemma's (1 + w), as our `scale`s do. llama.cpp does not permute Gemma's
 Q/K rows (Gemma uses split-half RoPE, as we do), so no un-permuting is needed.
 
@@ -27,42 +27,39 @@ from specjax.models.config import GemmaConfig
 
 SUPPORTED_ARCHITECTURES = ('gemma2', 'gemma3')
 
-# GGUF tensor name within a block -> (leaf name within `layer_{i}`, leading "in" axes).
-# The "in" axes count splits our shape into the (in, out) matrix GGUF stores;
-# None marks a vector.
+# GGUF tensor name within a block -> (leaf name within `layer_{i}`, is a matrix).
 _BLOCK_TENSORS = {
-    'attn_norm': ('pre_attention_norm.scale', None),
-    'post_attention_norm': ('post_attention_norm.scale', None),
-    'ffn_norm': ('pre_ffw_norm.scale', None),
-    'post_ffw_norm': ('post_ffw_norm.scale', None),
-    'attn_q': ('attn.q_DxNxH', 1),
-    'attn_k': ('attn.k_DxKxH', 1),
-    'attn_v': ('attn.v_DxKxH', 1),
-    'attn_output': ('attn.o_NxHxD', 2),
-    'attn_q_norm': ('attn.query_norm.scale', None),
-    'attn_k_norm': ('attn.key_norm.scale', None),
-    'ffn_gate': ('mlp.gate_DxF', 1),
-    'ffn_up': ('mlp.up_DxF', 1),
-    'ffn_down': ('mlp.down_FxD', 1),
+    'attn_norm': ('pre_attention_norm.scale', False),
+    'post_attention_norm': ('post_attention_norm.scale', False),
+    'ffn_norm': ('pre_ffw_norm.scale', False),
+    'post_ffw_norm': ('post_ffw_norm.scale', False),
+    'attn_q': ('attn.q_NHxD', True),
+    'attn_k': ('attn.k_KHxD', True),
+    'attn_v': ('attn.v_KHxD', True),
+    'attn_output': ('attn.o_DxNH', True),
+    'attn_q_norm': ('attn.query_norm.scale', False),
+    'attn_k_norm': ('attn.key_norm.scale', False),
+    'ffn_gate': ('mlp.gate_FxD', True),
+    'ffn_up': ('mlp.up_FxD', True),
+    'ffn_down': ('mlp.down_DxF', True),
 }
 _GLOBAL_TENSORS = {
-    'token_embd': ('embedding_DxV', 1),
-    'output_norm': ('final_norm.scale', None),
+    'token_embd': ('embedding_VxD', True),
+    'output_norm': ('final_norm.scale', False),
 }
 
-# The embedding is transposed in row blocks: one big strided transpose of a
-# (262144, 640) table is ~10x slower, and blocks keep the peak memory low.
+# Large matrices are dequantized in row blocks to keep the peak memory low.
 _ROWS_PER_BLOCK = 8192
 
 
 def tensor_names(config: GemmaConfig) -> dict[str, tuple[str, int | None]]:
-  """GGUF tensor name -> (our dotted leaf name, leading "in" axes)."""
+  """GGUF tensor name -> (our dotted leaf name, is a matrix)."""
   names = {f'{g}.weight': leaf for g, leaf in _GLOBAL_TENSORS.items()}
   for i in range(config.num_layers):
-    for g, (leaf, in_axes) in _BLOCK_TENSORS.items():
+    for g, (leaf, is_matrix) in _BLOCK_TENSORS.items():
       if g in ('attn_q_norm', 'attn_k_norm') and not config.use_qk_norm:
         continue
-      names[f'blk.{i}.{g}.weight'] = (f'layer_{i}.{leaf}', in_axes)
+      names[f'blk.{i}.{g}.weight'] = (f'layer_{i}.{leaf}', is_matrix)
   return names
 
 
@@ -185,25 +182,22 @@ def _dequantize(tensor: gguf.ReaderTensor, rows: slice, path: Path) -> np.ndarra
   return np.asarray(out, np.float32)
 
 
-def _convert(tensor: gguf.ReaderTensor, shape: tuple[int, ...], in_axes: int | None,
+def _convert(tensor: gguf.ReaderTensor, shape: tuple[int, ...], is_matrix: bool,
              path: Path) -> np.ndarray:
   """One GGUF tensor as a float32 array of our `shape` (checked before any dequantizing)."""
   gguf_shape = tuple(int(d) for d in tensor.shape)  # (in, out) for a matrix
-  if in_axes is None:
-    want = (int(np.prod(shape)),)
-  else:
-    want = (int(np.prod(shape[:in_axes])), int(np.prod(shape[in_axes:])))
+  want = (shape[1], shape[0]) if is_matrix else (int(np.prod(shape)),)
   if gguf_shape != want:
     raise CheckpointError(f'{path}: tensor {tensor.name} has shape {gguf_shape}, '
                           f'expected {want} for a model of this config')
-  if in_axes is None:
+  if not is_matrix:
     return np.array(_dequantize(tensor, slice(None), path)).reshape(shape)
-  num_in, num_out = want
-  out_IxO = np.empty((num_in, num_out), np.float32)
+  num_out, num_in = shape
+  out_OxI = np.empty((num_out, num_in), np.float32)
   for start in range(0, num_out, _ROWS_PER_BLOCK):
     block = slice(start, min(start + _ROWS_PER_BLOCK, num_out))
-    out_IxO[:, block] = _dequantize(tensor, block, path).reshape(-1, num_in).T
-  return out_IxO.reshape(shape)
+    out_OxI[block] = _dequantize(tensor, block, path).reshape(-1, num_in)
+  return out_OxI
 
 
 def gguf_params(reader: gguf.GGUFReader, config: GemmaConfig,
@@ -221,8 +215,8 @@ def gguf_params(reader: gguf.GGUFReader, config: GemmaConfig,
     logging.warning('%s: ignoring GGUF tensors %s', path, unused)
   shapes = param_tree.expected_shapes(config)
   flat = {}
-  for name, (leaf, in_axes) in names.items():
-    flat[leaf] = _convert(by_name[name], shapes[leaf], in_axes, path)
+  for name, (leaf, is_matrix) in names.items():
+    flat[leaf] = _convert(by_name[name], shapes[leaf], is_matrix, path)
   params = param_tree.unflatten(flat)
   param_tree.check_params(params, config, path)
   return params

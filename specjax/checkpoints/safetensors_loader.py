@@ -2,8 +2,8 @@
 
 The directory holds `config.json` and either one `model.safetensors` or shards
 listed by `model.safetensors.index.json`. Hugging Face stores matrices as
-torch Linear weights, (out, in), and norm weights as w where Gemma multiplies
-by (1 + w); we transpose the one and add 1 to the other. bf16 tensors come out
+torch Linear weights, (out, in), as we do, and norm weights as w where Gemma
+multiplies by (1 + w), to which we add 1. bf16 tensors come out
 of `safetensors.numpy` as ml_dtypes bfloat16 and are widened to float32.
 """
 
@@ -32,24 +32,24 @@ TEXT_TOWER_PREFIXES = ('model.', 'language_model.model.', 'model.language_model.
                        'language_model.')
 
 # Hugging Face name within `layers.{i}.` -> (our leaf within `layer_{i}`, conversion).
-# A conversion is 'norm' (add 1) or the number of leading "in" axes of a matrix.
+# A conversion is 'norm' (add 1) or 'matrix' (used as stored, (out, in)).
 _LAYER_TENSORS = {
     'input_layernorm.weight': ('pre_attention_norm.scale', 'norm'),
     'post_attention_layernorm.weight': ('post_attention_norm.scale', 'norm'),
     'pre_feedforward_layernorm.weight': ('pre_ffw_norm.scale', 'norm'),
     'post_feedforward_layernorm.weight': ('post_ffw_norm.scale', 'norm'),
-    'self_attn.q_proj.weight': ('attn.q_DxNxH', 1),
-    'self_attn.k_proj.weight': ('attn.k_DxKxH', 1),
-    'self_attn.v_proj.weight': ('attn.v_DxKxH', 1),
-    'self_attn.o_proj.weight': ('attn.o_NxHxD', 2),
+    'self_attn.q_proj.weight': ('attn.q_NHxD', 'matrix'),
+    'self_attn.k_proj.weight': ('attn.k_KHxD', 'matrix'),
+    'self_attn.v_proj.weight': ('attn.v_KHxD', 'matrix'),
+    'self_attn.o_proj.weight': ('attn.o_DxNH', 'matrix'),
     'self_attn.q_norm.weight': ('attn.query_norm.scale', 'norm'),
     'self_attn.k_norm.weight': ('attn.key_norm.scale', 'norm'),
-    'mlp.gate_proj.weight': ('mlp.gate_DxF', 1),
-    'mlp.up_proj.weight': ('mlp.up_DxF', 1),
-    'mlp.down_proj.weight': ('mlp.down_FxD', 1),
+    'mlp.gate_proj.weight': ('mlp.gate_FxD', 'matrix'),
+    'mlp.up_proj.weight': ('mlp.up_FxD', 'matrix'),
+    'mlp.down_proj.weight': ('mlp.down_DxF', 'matrix'),
 }
 _GLOBAL_TENSORS = {
-    'embed_tokens.weight': ('embedding_DxV', 1),
+    'embed_tokens.weight': ('embedding_VxD', 'matrix'),
     'norm.weight': ('final_norm.scale', 'norm'),
 }
 
@@ -101,8 +101,8 @@ def _convert(handle: Any, path: Path, name: str, shape: tuple[int, ...],
     raise CheckpointError(f'{path}: does not hold tensor {name} (corrupt index?): {e}') from e
   if conversion == 'norm':
     want = (int(np.prod(shape)),)
-  else:  # torch stores (out, in)
-    want = (int(np.prod(shape[conversion:])), int(np.prod(shape[:conversion])))
+  else:  # torch stores (out, in), as we do
+    want = tuple(shape)
   if hf_shape != want:
     raise CheckpointError(f'{path}: tensor {name} has shape {hf_shape}, expected {want} '
                           'for a model of this config')
@@ -112,7 +112,7 @@ def _convert(handle: Any, path: Path, name: str, shape: tuple[int, ...],
     raise CheckpointError(f'{path}: cannot read tensor {name}: {e}') from e
   if conversion == 'norm':
     return (value + 1.0).reshape(shape)
-  return np.ascontiguousarray(value.T).reshape(shape)
+  return np.ascontiguousarray(value)
 
 
 def _text_tower_prefix(names: set[str], directory: Path) -> str:

@@ -37,7 +37,7 @@ from specjax.checkpoints.config_io import config_from_dict, config_to_dict
 from specjax.checkpoints.errors import CheckpointError
 from specjax.models.config import GemmaConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: matrices stored (out, in)
 CACHE_DIR_ENV = 'SPECJAX_CACHE_DIR'
 COMPLETE_MARKER = 'COMPLETE'
 

@@ -32,6 +32,15 @@ class PromptBatch:
   def num_rows(self) -> int:
     return int(self.active_B.sum())
 
+  @property
+  def prompt_lengths(self) -> list[int]:
+    return [int(n) for n in self.lengths_B[self.active_B]]
+
+  @property
+  def bucket(self) -> tuple[tuple[int, int], int]:
+    """The shapes that select a compiled program."""
+    return self.tokens_BxS.shape, self.prefill_len
+
 
 def _next_power_of_two(n: int, minimum: int = 16) -> int:
   return max(minimum, 1 << (n - 1).bit_length())

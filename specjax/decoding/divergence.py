@@ -41,9 +41,10 @@ def explain(model: LanguageModel, params, prompt: Sequence[int], baseline: Seque
     return None
   context = list(prompt) + list(baseline[:at])
   length = len(context)
-  logits_1xRxV, _ = model.forward(params, jnp.asarray([context], jnp.int32),
-                                  jnp.arange(length, dtype=jnp.int32)[None],
-                                  model.init_cache(1, length), jnp.asarray([[length - 1]]))
+  logits_1xRxV = model.forward(params, jnp.asarray([context], jnp.int32),
+                               jnp.arange(length, dtype=jnp.int32)[None],
+                               model.init_cache(1, length), jnp.asarray([[length - 1]])
+                               ).logits_BxRxV
   top2 = jax.lax.top_k(logits_1xRxV[0, 0], 2)[0]
   pick = lambda seq: int(seq[at]) if at < len(seq) else -1  # noqa: E731  (-1: ended early)
   return Divergence(position=at, baseline_token=pick(baseline),

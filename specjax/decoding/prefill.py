@@ -1,40 +1,31 @@
-"""Prefill: run every prompt through the model and draw each row's first token.
+"""The prologue both decoding loops share: prefill, the first token, the loop state.
 
-Shared by autoregressive and speculative decoding, so both start from the
-same cache and the same first token (drawn from the target with the row's
-step-0 key): after it, the row's last committed token is the one "pending"
-token whose keys and values are not yet in the cache.
+Autoregressive and speculative decoding start from the same cache and the same
+first token (drawn from the target with the row's step-0 key): after it, the
+row's last committed token is the one "pending" token whose keys and values
+are not yet in the cache. `commit` is the one place tokens are appended.
 """
 
 from __future__ import annotations
 
+import flax
 import jax
 import jax.numpy as jnp
 
-from specjax.decoding import sampling as sampling_lib
-from specjax.models.language_model import LanguageModel
+from specjax import sampling as sampling_lib
+from specjax.models.gemma import ForwardOutput
 
 Array = jax.Array
 
 
-def prefill(model: LanguageModel, params, tokens_BxS: Array, lengths_B: Array, prefill_len: int,
-            cache, num_layers: int | None = None):
-  """Writes the prompts' KV; returns the logits at each row's last prompt token."""
-  batch = tokens_BxS.shape[0]
-  tokens_BxT = tokens_BxS[:, :prefill_len]
-  positions_BxT = jnp.broadcast_to(jnp.arange(prefill_len, dtype=jnp.int32), (batch, prefill_len))
-  last_Bx1 = (lengths_B - 1)[:, None]
-  logits_Bx1xV, cache = model.forward(params, tokens_BxT, positions_BxT, cache, last_Bx1,
-                                      num_layers)
-  return logits_Bx1xV[:, 0], cache
-
-
-def commit_first_token(tokens_BxS: Array, lengths_B: Array, logits_BxV: Array, keys_B: Array,
-                       sampling: sampling_lib.SamplingConfig):
-  """Samples and appends the first new token of every row."""
-  first_B = sampling_lib.next_token(sampling_lib.step_keys(keys_B, 0), logits_BxV, sampling)
-  tokens_BxS = tokens_BxS.at[jnp.arange(tokens_BxS.shape[0]), lengths_B].set(first_B)
-  return tokens_BxS, lengths_B + 1, first_B
+@flax.struct.dataclass
+class DecodeState:
+  tokens_BxS: Array   # committed tokens; the last one of each row is pending
+  lengths_B: Array    # committed tokens per row
+  num_new_B: Array
+  done_B: Array
+  cache: list
+  step: Array
 
 
 def is_stop(token_B: Array, eos_ids: tuple[int, ...]) -> Array:
@@ -42,3 +33,47 @@ def is_stop(token_B: Array, eos_ids: tuple[int, ...]) -> Array:
   for eos in eos_ids:
     stop |= token_B == eos
   return stop
+
+
+def start(model, params, tokens_BxS: Array, lengths_B: Array, max_new_B: Array, keys_B: Array,
+          active_B: Array, *, prefill_len: int, sampling: sampling_lib.SamplingConfig,
+          eos_ids: tuple[int, ...], hidden_layers: tuple[int, ...] = ()
+          ) -> tuple[DecodeState, ForwardOutput]:
+  """Writes the prompts' KV, draws each row's first token; returns the loop's first
+  state and the prefill's ForwardOutput (hidden states at every prompt position)."""
+  batch, num_slots = tokens_BxS.shape
+  positions_BxT = jnp.broadcast_to(jnp.arange(prefill_len, dtype=jnp.int32), (batch, prefill_len))
+  out = model.forward(params, tokens_BxS[:, :prefill_len], positions_BxT,
+                      model.init_cache(batch, num_slots), (lengths_B - 1)[:, None],
+                      hidden_layers=hidden_layers)
+  first_B, _ = sampling_lib.draw(sampling_lib.step_keys(keys_B, 0), out.logits_BxRxV[:, 0],
+                                 sampling)
+  tokens_BxS = tokens_BxS.at[jnp.arange(batch), lengths_B].set(first_B)
+  num_new_B = jnp.ones_like(lengths_B)
+  done_B = ~active_B | is_stop(first_B, eos_ids) | (num_new_B >= max_new_B)
+  state = DecodeState(tokens_BxS, lengths_B + 1, num_new_B, done_B, out.cache, jnp.int32(0))
+  return state, out
+
+
+def commit(state: DecodeState, block_BxW: Array, usable_B: Array, max_new_B: Array,
+           eos_ids: tuple[int, ...], cache) -> tuple[DecodeState, Array]:
+  """Appends each live row's first `usable` tokens of its block, cut after an EOS
+  and at the token budget; returns the new state and the count committed."""
+  batch, width = block_BxW.shape
+  rows = jnp.arange(batch)[:, None]
+  live_B = ~state.done_B
+  in_block_BxW = jnp.arange(width)[None, :] < usable_B[:, None]
+  stop_BxW = is_stop(block_BxW, eos_ids) & in_block_BxW
+  first_stop_B = jnp.where(jnp.any(stop_BxW, axis=1), jnp.argmax(stop_BxW, axis=1), width)
+  count_B = jnp.minimum(jnp.minimum(usable_B, first_stop_B + 1), max_new_B - state.num_new_B)
+  count_B = jnp.where(live_B, count_B, 0)
+
+  slots_BxW = state.lengths_B[:, None] + jnp.arange(width)[None, :]
+  keep_BxW = jnp.arange(width)[None, :] < count_B[:, None]
+  existing_BxW = state.tokens_BxS[rows, slots_BxW]
+  tokens_BxS = state.tokens_BxS.at[rows, slots_BxW].set(
+      jnp.where(keep_BxW, block_BxW, existing_BxW))
+  num_new_B = state.num_new_B + count_B
+  done_B = state.done_B | (live_B & (first_stop_B < count_B)) | (num_new_B >= max_new_B)
+  return DecodeState(tokens_BxS, state.lengths_B + count_B, num_new_B, done_B, cache,
+                     state.step + 1), count_B

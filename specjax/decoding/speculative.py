@@ -1,18 +1,27 @@
 """Speculative decoding as one compiled program: draft, verify, accept, commit.
 
 Each iteration of one `lax.while_loop`:
-  1. the drafter proposes gamma tokens per row (with q, what they were drawn from);
-  2. the target verifies them in ONE forward pass over gamma + 1 positions: the
-     row's pending token (its last committed one, not yet in the cache) and the
-     drafts, at the row's own positions L-1 .. L+gamma-1;
-  3. the acceptance rule keeps each row's longest valid prefix and one more token
+  1. the drafter proposes gamma tokens per row (with q, what they were drawn
+     from, and how many of them the row has evidence for);
+  2. the draft-length policy picks the call's width (a static bucket, chosen
+     with `lax.switch`) and each row's draft count (`draft_length.py`);
+  3. the target verifies them in ONE forward pass over n + 1 positions: the
+     row's pending token (its last committed one, not yet in the cache) and
+     the drafts, at the row's own positions L-1 .. L+n-1; with n = 0 this is
+     exactly the autoregressive `decode_step`;
+  4. the acceptance rule keeps each row's longest valid prefix and one more token
      (the correction, or the bonus token after full acceptance);
-  4. the accepted tokens are committed (cut at EOS and at the token budget) and
-     the drafter is updated with them.
+  5. the accepted tokens are committed (cut at EOS and at the token budget) and
+     the drafter is updated with them and the target's hidden states.
 Every row keeps its own length, so a row accepting 0 tokens never holds back a
 row accepting gamma (no lockstep). KV entries the verify pass wrote past a
-row's new length are stale; causal masking hides them and the next verify
+row's new length are stale; causal masking hides them and the next call
 overwrites them. No host round-trip until every row is done.
+
+Counters, per row: `target_calls` counts the prefill and every verify or plain
+call; `drafted` counts the drafts verified and `accepted` those accepted, both
+only up to where the block was cut: drafts past an EOS or past the token
+budget count as neither, so accepted <= drafted and accepted <= new tokens.
 """
 
 from __future__ import annotations
@@ -20,19 +29,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
-import time
 from typing import Sequence
 
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from specjax import sampling as sampling_lib
 from specjax.decoding import acceptance
+from specjax.decoding import autoregressive
 from specjax.decoding import batch as batch_lib
+from specjax.decoding import draft_length
 from specjax.decoding import prefill as prefill_lib
-from specjax.decoding import sampling as sampling_lib
-from specjax.drafters.base import Drafter
+from specjax.decoding import program as program_lib
+from specjax.decoding.prefill import DecodeState
+from specjax.drafters.base import Drafter, TargetView
 from specjax.models.language_model import LanguageModel
 
 Array = jax.Array
@@ -42,17 +53,20 @@ _DRAFT_STREAM = 3
 
 
 @flax.struct.dataclass
-class SpecState:
-  tokens_BxS: Array          # committed tokens; the last of each row is pending
-  lengths_B: Array
-  num_new_B: Array
-  done_B: Array
-  target_cache: list
-  drafter_state: object
-  step: Array
-  target_calls_B: Array      # verify calls, plus the prefill call
-  accepted_B: Array          # drafts accepted by the rule
+class Counters:
+  target_calls_B: Array      # verify or plain calls, plus the prefill call
+  plain_calls_B: Array       # calls that verified no draft of this row
+  drafted_B: Array           # drafts verified (up to a cut)
+  accepted_B: Array          # drafts accepted (up to a cut)
   accepted_at_BxG: Array     # how often draft position i was accepted
+
+
+@flax.struct.dataclass
+class SpecState:
+  decode: DecodeState
+  drafter_state: object
+  history: draft_length.History
+  counters: Counters
 
 
 @dataclasses.dataclass
@@ -65,6 +79,7 @@ class SpeculativeGeneration:
   steps: int
   gamma: int
   target_calls: list[int]
+  plain_calls: list[int]
   drafted_tokens: list[int]
   accepted_tokens: list[int]
   accepted_at_position: list[list[int]]
@@ -79,134 +94,197 @@ def check_drafter(drafter: Drafter, target: LanguageModel) -> None:
     raise ValueError(
         f'drafter {drafter.name!r} has a vocabulary of {drafter.vocab_size} tokens but the '
         f'target has {target.config.vocab_size}: a drafter must share the target\'s vocabulary')
+  bad = [i for i in drafter.hidden_layers if not 0 <= i < target.config.num_layers]
+  if bad:
+    raise ValueError(f'drafter {drafter.name!r} reads hidden layers {bad}, but the target has '
+                     f'{target.config.num_layers} layers')
 
 
-def _commit(state: SpecState, block_BxG1: Array, count_B: Array) -> Array:
-  """Writes each row's first `count` tokens of its block after its length."""
-  batch, width = block_BxG1.shape
-  rows = jnp.arange(batch)[:, None]
-  slots_BxG1 = state.lengths_B[:, None] + jnp.arange(width)[None, :]
-  existing_BxG1 = state.tokens_BxS[rows, slots_BxG1]
-  keep_BxG1 = jnp.arange(width)[None, :] < count_B[:, None]
-  return state.tokens_BxS.at[rows, slots_BxG1].set(jnp.where(keep_BxG1, block_BxG1, existing_BxG1))
+def _pad_positions(x, width: int, axis: int):
+  if x is None or x.shape[axis] == width:
+    return x
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, width - x.shape[axis])
+  return jnp.pad(x, pad)
 
 
-def _spec_step(target: LanguageModel, drafter: Drafter, gamma: int,
-               sampling: sampling_lib.SamplingConfig, eos_ids: tuple[int, ...],
-               target_params, drafter_params, keys_B, max_new_B, state: SpecState) -> SpecState:
-  batch = state.tokens_BxS.shape[0]
+def _call(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_new_B,
+          state: SpecState, draft_BxG, q_BxGxV, k_B, target_cache):
+  """One target call verifying `num_drafts` (static) drafts per row, capped at k_B.
+
+  Returns the new decode state, the drafter's view of the call, and the
+  per-row (drafted, accepted) counts up to the cut.
+  """
+  target, drafter, gamma = loop.target, loop.drafter, loop.gamma
+  decode = state.decode.replace(cache=target_cache)
+  batch = draft_BxG.shape[0]
   rows = jnp.arange(batch)
-  draft_keys = sampling_lib.step_keys(keys_B, state.step + 1, _DRAFT_STREAM)
-  draft_BxG, q_BxGxV, drafter_state, target_cache = drafter.propose(
-      drafter_params, state.drafter_state, state.tokens_BxS, state.lengths_B, draft_keys,
-      sampling, gamma, target_params, state.target_cache)
-
-  pending_B = state.tokens_BxS[rows, state.lengths_B - 1]
-  verify_BxG1 = jnp.concatenate([pending_B[:, None], draft_BxG], axis=1)
-  positions_BxG1 = state.lengths_B[:, None] - 1 + jnp.arange(gamma + 1)[None, :]
-  logits_BxG1xV, target_cache = target.forward(target_params, verify_BxG1, positions_BxG1,
-                                               target_cache)
-
-  if sampling.greedy:
-    num_accepted_B, next_B = acceptance.greedy(draft_BxG, logits_BxG1xV)
+  if num_drafts == 0:
+    new, out = autoregressive.decode_step(target, target_params, keys_B, max_new_B, loop, decode,
+                                          drafter.hidden_layers)
+    num_accepted_B = jnp.zeros((batch,), jnp.int32)
+    k_B = num_accepted_B
+    count_B = new.num_new_B - decode.num_new_B
   else:
-    p_BxG1xV = sampling_lib.probabilities(logits_BxG1xV, sampling)
-    accept_keys = sampling_lib.step_keys(keys_B, state.step + 1, _ACCEPT_STREAM)
-    num_accepted_B, next_B = acceptance.speculative_sampling(draft_BxG, q_BxGxV, p_BxG1xV,
-                                                             accept_keys)
+    n = num_drafts
+    draft_BxN = draft_BxG[:, :n]
+    k_B = jnp.minimum(k_B, n)
+    pending_B = decode.tokens_BxS[rows, decode.lengths_B - 1]
+    verify_BxN1 = jnp.concatenate([pending_B[:, None], draft_BxN], axis=1)
+    positions_BxN1 = decode.lengths_B[:, None] - 1 + jnp.arange(n + 1)[None, :]
+    out = target.forward(target_params, verify_BxN1, positions_BxN1, decode.cache,
+                         hidden_layers=drafter.hidden_layers)
+    accept_keys = sampling_lib.step_keys(keys_B, decode.step + 1, _ACCEPT_STREAM)
+    if loop.sampling.greedy:
+      num_accepted_B, next_B = acceptance.greedy(draft_BxN, out.logits_BxRxV, k_B)
+    else:
+      p_BxN1xV = sampling_lib.probabilities(out.logits_BxRxV, loop.sampling)
+      q_BxNxV = None if q_BxGxV is None else q_BxGxV[:, :n]
+      num_accepted_B, next_B = acceptance.speculative_sampling(draft_BxN, q_BxNxV, p_BxN1xV,
+                                                               accept_keys, k_B)
+    # The block to commit: accepted drafts, then the correction or bonus token.
+    block_BxN1 = jnp.concatenate([draft_BxN, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+    block_BxN1 = block_BxN1.at[rows, num_accepted_B].set(next_B)
+    new, count_B = prefill_lib.commit(decode, block_BxN1, num_accepted_B + 1, max_new_B,
+                                      loop.eos_ids, out.cache)
 
-  # The block to commit: accepted drafts, then the correction or bonus token.
-  block_BxG1 = jnp.concatenate([draft_BxG, jnp.zeros((batch, 1), jnp.int32)], axis=1)
-  block_BxG1 = block_BxG1.at[rows, num_accepted_B].set(next_B)
-  live_B = ~state.done_B
-  stop_BxG1 = prefill_lib.is_stop(block_BxG1, eos_ids)
-  stop_BxG1 &= jnp.arange(gamma + 1)[None, :] <= num_accepted_B[:, None]
-  first_stop_B = jnp.where(jnp.any(stop_BxG1, axis=1), jnp.argmax(stop_BxG1, axis=1), gamma + 1)
-  count_B = jnp.minimum(jnp.minimum(num_accepted_B + 1, first_stop_B + 1),
-                        max_new_B - state.num_new_B)
-  count_B = jnp.where(live_B, count_B, 0)
+  positions_BxG1 = decode.lengths_B[:, None] - 1 + jnp.arange(gamma + 1)[None, :]
+  view = TargetView(tokens_BxS=new.tokens_BxS, lengths_B=new.lengths_B,
+                    positions_BxT=positions_BxG1,
+                    hidden_BxTxD=_pad_positions(out.hidden_BxTxD, gamma + 1, axis=1),
+                    layer_hidden_LxBxTxD=_pad_positions(out.layer_hidden_LxBxTxD, gamma + 1,
+                                                        axis=2),
+                    num_accepted_B=num_accepted_B)
+  # Up to the cut: the committed block's drafts, and the drafts before it.
+  usable_B = jnp.where(count_B < num_accepted_B + 1, count_B, gamma + 1)
+  drafted_B = jnp.minimum(k_B, usable_B)
+  accepted_B = jnp.minimum(num_accepted_B, count_B)
+  return new, view, drafted_B, accepted_B, num_accepted_B, k_B
 
-  tokens_BxS = _commit(state, block_BxG1, count_B)
-  lengths_B = state.lengths_B + count_B
-  num_new_B = state.num_new_B + count_B
-  done_B = state.done_B | (live_B & (first_stop_B < count_B)) | (num_new_B >= max_new_B)
-  drafter_state = drafter.update(drafter_params, drafter_state, tokens_BxS, lengths_B)
+
+def _step(loop: program_lib.Loop, target_params, drafter_params, keys_B, max_new_B,
+          state: SpecState) -> SpecState:
+  drafter, policy, gamma = loop.drafter, loop.policy, loop.gamma
+  decode = state.decode
+  draft_keys = sampling_lib.step_keys(keys_B, decode.step + 1, _DRAFT_STREAM)
+  shared = (target_params, decode.cache) if drafter.shares_target_cache else None
+  proposal = drafter.propose(params=drafter_params, state=state.drafter_state,
+                             tokens_BxS=decode.tokens_BxS, lengths_B=decode.lengths_B,
+                             keys_B=draft_keys, sampling=loop.sampling, gamma=gamma,
+                             shared=shared)
+  target_cache = proposal.shared_cache if drafter.shares_target_cache else decode.cache
+  live_B = ~decode.done_B
+  evidence_B = jnp.clip(proposal.num_drafts_B, 0, gamma).astype(jnp.int32)
+  index, k_B = draft_length.choose(policy, state.history, evidence_B, live_B)
+
+  branches = [functools.partial(_call, loop, n) for n in policy.buckets]
+  args = (target_params, keys_B, max_new_B, state, proposal.draft_BxG, proposal.q_BxGxV, k_B,
+          target_cache)
+  if len(branches) == 1:
+    new, view, drafted_B, accepted_B, num_accepted_B, k_B = branches[0](*args)
+  else:
+    new, view, drafted_B, accepted_B, num_accepted_B, k_B = jax.lax.switch(index, branches,
+                                                                           *args)
+  drafter_state = drafter.update(params=drafter_params, state=proposal.state, target=view)
 
   live_i = live_B.astype(jnp.int32)
-  accepted_at_BxG = state.accepted_at_BxG + live_i[:, None] * (
-      jnp.arange(gamma)[None, :] < num_accepted_B[:, None])
-  return SpecState(tokens_BxS, lengths_B, num_new_B, done_B, target_cache, drafter_state,
-                   state.step + 1, state.target_calls_B + live_i,
-                   state.accepted_B + live_i * num_accepted_B, accepted_at_BxG)
+  c = state.counters
+  counters = Counters(
+      target_calls_B=c.target_calls_B + live_i,
+      plain_calls_B=c.plain_calls_B + live_i * (k_B == 0),
+      drafted_B=c.drafted_B + live_i * drafted_B,
+      accepted_B=c.accepted_B + live_i * accepted_B,
+      accepted_at_BxG=c.accepted_at_BxG + live_i[:, None] * (
+          jnp.arange(gamma)[None, :] < accepted_B[:, None]))
+  history = state.history.record(policy, jnp.where(live_B, k_B, 0), num_accepted_B)
+  return SpecState(new, drafter_state, history, counters)
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'drafter', 'gamma', 'sampling',
-                                             'prefill_len', 'eos_ids', 'max_new_tokens'))
-def speculative_program(target_params, drafter_params, tokens_BxS, lengths_B, max_new_B, keys_B,
-                        active_B, *, target: LanguageModel, drafter: Drafter, gamma: int,
-                        sampling: sampling_lib.SamplingConfig, prefill_len: int,
-                        eos_ids: tuple[int, ...], max_new_tokens: int):
-  batch, num_slots = tokens_BxS.shape
-  target_cache = target.init_cache(batch, num_slots)
-  drafter_state = drafter.init(drafter_params, tokens_BxS, lengths_B, prefill_len, target_cache)
-  logits_BxV, target_cache = prefill_lib.prefill(target, target_params, tokens_BxS, lengths_B,
-                                                 prefill_len, target_cache)
-  tokens_BxS, lengths_B, first_B = prefill_lib.commit_first_token(
-      tokens_BxS, lengths_B, logits_BxV, keys_B, sampling)
-  drafter_state = drafter.update(drafter_params, drafter_state, tokens_BxS, lengths_B)
-  num_new_B = jnp.ones_like(lengths_B)
-  done_B = ~active_B | prefill_lib.is_stop(first_B, eos_ids) | (num_new_B >= max_new_B)
+def program(loop: program_lib.Loop, target_params, drafter_params, tokens_BxS, lengths_B,
+            max_new_B, keys_B, active_B):
+  target, drafter, gamma = loop.target, loop.drafter, loop.gamma
+  decode, out = prefill_lib.start(target, target_params, tokens_BxS, lengths_B, max_new_B, keys_B,
+                                  active_B, prefill_len=loop.prefill_len, sampling=loop.sampling,
+                                  eos_ids=loop.eos_ids, hidden_layers=drafter.hidden_layers)
+  batch, prefill_len = tokens_BxS.shape[0], loop.prefill_len
+  view = TargetView(tokens_BxS=decode.tokens_BxS, lengths_B=decode.lengths_B,
+                    positions_BxT=jnp.broadcast_to(jnp.arange(prefill_len), (batch, prefill_len)),
+                    hidden_BxTxD=out.hidden_BxTxD, layer_hidden_LxBxTxD=out.layer_hidden_LxBxTxD,
+                    num_accepted_B=jnp.zeros((batch,), jnp.int32))
+  drafter_state = drafter.init(params=drafter_params, target=view)
   ones_B = active_B.astype(jnp.int32)
-  state = SpecState(tokens_BxS, lengths_B, num_new_B, done_B, target_cache, drafter_state,
-                    jnp.int32(0), ones_B, jnp.zeros_like(ones_B),
-                    jnp.zeros((batch, gamma), jnp.int32))
+  zeros_B = jnp.zeros_like(ones_B)
+  state = SpecState(decode, drafter_state, draft_length.History.init(batch),
+                    Counters(ones_B, zeros_B, zeros_B, zeros_B,
+                             jnp.zeros((batch, gamma), jnp.int32)))
 
   def cond(s: SpecState):
-    return (s.step < max_new_tokens) & jnp.any(~s.done_B)
+    return (s.decode.step < loop.max_new_tokens) & jnp.any(~s.decode.done_B)
 
-  body = functools.partial(_spec_step, target, drafter, gamma, sampling, eos_ids, target_params,
-                           drafter_params, keys_B, max_new_B)
+  body = functools.partial(_step, loop, target_params, drafter_params, keys_B, max_new_B)
   state = jax.lax.while_loop(cond, body, state)
-  return (state.tokens_BxS, state.num_new_B, state.step, state.target_calls_B, state.accepted_B,
-          state.accepted_at_BxG)
+  c = state.counters
+  return dict(tokens_BxS=state.decode.tokens_BxS, num_new_B=state.decode.num_new_B,
+              steps=state.decode.step, target_calls_B=c.target_calls_B,
+              plain_calls_B=c.plain_calls_B, drafted_B=c.drafted_B, accepted_B=c.accepted_B,
+              accepted_at_BxG=c.accepted_at_BxG)
+
+
+def check_gamma(gamma) -> int:
+  if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral) or gamma < 1:
+    raise ValueError(f'gamma must be an integer >= 1, got {gamma!r}')
+  return int(gamma)
+
+
+def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
+                buckets: Sequence[int] = (), costs: Sequence[float] = ()
+                ) -> draft_length.Policy:
+  """The draft-length policy for `gamma`: fixed, or adaptive over `buckets`
+  (default: 0, about gamma / 2, gamma) with measured `costs` (default: the
+  roofline stand-in)."""
+  if not adaptive:
+    return draft_length.fixed(gamma)
+  buckets = tuple(sorted(set(buckets))) or draft_length.default_buckets(gamma)
+  if buckets[0] != 0 or buckets[-1] != gamma:
+    raise ValueError(f'adaptive draft-length buckets must run from 0 (a plain step) to '
+                     f'gamma={gamma}, got {buckets}')
+  costs = tuple(costs) or draft_length.roofline_costs(buckets, batch)
+  return draft_length.Policy(buckets=buckets, costs=costs, adaptive=True)
 
 
 def generate(target: LanguageModel, target_params, drafter: Drafter,
-             prompts: Sequence[Sequence[int]], *, gamma: int, max_new_tokens: int,
+             prompts: Sequence[Sequence[int]] | batch_lib.PromptBatch, *, gamma: int,
+             max_new_tokens: int,
              sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
              eos_ids: Sequence[int] = (), seed: int = 0, row_ids: Sequence[int] | None = None,
-             max_cache_len: int | None = None) -> SpeculativeGeneration:
+             max_cache_len: int | None = None,
+             policy: draft_length.Policy | None = None) -> SpeculativeGeneration:
   """Speculative generation for a batch of token-id prompts of any lengths.
 
   The output is distributed exactly as `autoregressive.generate`'s (identical
   for greedy decoding); rows use the same rng streams (`row_ids`) as there for
   the first token, and their own streams for drafting and acceptance.
+  `policy` None is the adaptive default (`make_policy`).
   """
-  if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral) or gamma < 1:
-    raise ValueError(f'gamma must be an integer >= 1, got {gamma!r}')
-  gamma = int(gamma)
+  gamma = check_gamma(gamma)
   check_drafter(drafter, target)
-  max_slots = min(max_cache_len or target.config.max_position, target.config.max_position)
-  packed = batch_lib.pack(prompts, max_new_tokens=max_new_tokens, extra_slots=gamma + 1,
-                          max_slots=max_slots, row_ids=row_ids,
-                          rows_multiple=target.data_parallelism,
-                          vocab_size=target.config.vocab_size)
-  keys_B = sampling_lib.row_keys(seed, packed.row_ids_B)
-  max_new_B = np.full(packed.lengths_B.shape, max_new_tokens, np.int32)
-  start = time.perf_counter()
-  out = speculative_program(
-      target_params, drafter.params, packed.tokens_BxS, packed.lengths_B, max_new_B, keys_B,
-      packed.active_B, target=target, drafter=drafter, gamma=gamma, sampling=sampling,
-      prefill_len=packed.prefill_len, eos_ids=tuple(int(e) for e in eos_ids),
-      max_new_tokens=max_new_tokens)
-  tokens_BxS, num_new_B, steps, calls_B, accepted_B, accepted_at_BxG = jax.device_get(out)
-  wall_s = time.perf_counter() - start
+  packed = program_lib.pack(target, prompts, max_new_tokens=max_new_tokens,
+                            extra_slots=gamma + 1, row_ids=row_ids, max_cache_len=max_cache_len)
+  if policy is None:
+    policy = make_policy(gamma, packed.tokens_BxS.shape[0])
+  if policy.gamma != gamma:
+    raise ValueError(f'the draft-length policy drafts up to {policy.gamma}, but gamma={gamma}')
+  loop = program_lib.Loop(target=target, sampling=sampling, eos_ids=tuple(int(e) for e in eos_ids),
+                          max_new_tokens=max_new_tokens, prefill_len=packed.prefill_len,
+                          drafter=drafter, gamma=gamma, policy=policy)
+  out, wall_s = program_lib.run(program, loop, target_params, drafter.params, packed, seed=seed)
   active = packed.active_B
-  verify_calls = [int(c) - 1 for c in calls_B[active]]
   return SpeculativeGeneration(
-      new_tokens=batch_lib.new_tokens(tokens_BxS, packed.lengths_B, num_new_B, active),
-      prompt_lengths=[len(p) for p in prompts], wall_s=wall_s, steps=int(steps), gamma=gamma,
-      target_calls=[int(c) for c in calls_B[active]],
-      drafted_tokens=[gamma * c for c in verify_calls],
-      accepted_tokens=[int(a) for a in accepted_B[active]],
-      accepted_at_position=[row.tolist() for row in accepted_at_BxG[active]])
+      new_tokens=batch_lib.new_tokens(out['tokens_BxS'], packed.lengths_B, out['num_new_B'],
+                                      active),
+      prompt_lengths=packed.prompt_lengths, wall_s=wall_s, steps=int(out['steps']), gamma=gamma,
+      target_calls=[int(c) for c in out['target_calls_B'][active]],
+      plain_calls=[int(c) for c in out['plain_calls_B'][active]],
+      drafted_tokens=[int(d) for d in out['drafted_B'][active]],
+      accepted_tokens=[int(a) for a in out['accepted_B'][active]],
+      accepted_at_position=[row.tolist() for row in out['accepted_at_BxG'][active]])

@@ -1,35 +1,59 @@
-"""Drafters: n-gram prompt lookup, a smaller draft model, the target's early layers."""
+"""Drafters: n-gram prompt lookup, a smaller draft model, the target's early layers.
+
+Each drafter module owns its `Settings` (one nested config entry, e.g.
+`c.ngram = dict(max_n=3, min_n=1)`), checked by `settings_for` where the
+drafter is built, so a new drafter adds its keys in one place.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from specjax.drafters import draft_model as draft_model_lib
 from specjax.drafters import early_exit as early_exit_lib
 from specjax.drafters import ngram as ngram_lib
-from specjax.drafters.base import Drafter
+from specjax.drafters.base import Drafter, Proposal, TargetView, settings_from
 from specjax.models.language_model import LanguageModel
 
-DRAFTER_NAMES = ('ngram', 'draft_model', 'early_exit')
+SETTINGS = {
+    'ngram': ngram_lib.Settings,
+    'draft_model': draft_model_lib.Settings,
+    'early_exit': early_exit_lib.Settings,
+}
+DRAFTER_NAMES = tuple(SETTINGS)
 
 
-def make_drafter(name: str, *, target: LanguageModel, ngram_max: int = 3, ngram_min: int = 1,
-                 draft_model: tuple[LanguageModel, object] | None = None,
-                 early_exit_layers: int = 4) -> Drafter:
-  """Builds a drafter by name; `draft_model` is (model, params) for 'draft_model'."""
+def settings_for(name: str, values: Mapping[str, Any] | None = None):
+  """The drafter's settings from its nested config entry (checked: unknown key,
+  wrong type or value out of range is a ValueError naming config.<name>.<key>)."""
+  if name not in SETTINGS:
+    raise ValueError(f'unknown drafter {name!r}; known drafters: {", ".join(DRAFTER_NAMES)}')
+  return settings_from(SETTINGS[name], values, name)
+
+
+def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
+                 draft_model: tuple[LanguageModel, object] | None = None) -> Drafter:
+  """Builds a drafter by name; `settings` is its Settings or a mapping of them,
+  `draft_model` is (model, params) for 'draft_model'."""
+  if settings is None or isinstance(settings, Mapping) or hasattr(settings, 'to_dict'):
+    settings = settings_for(name, settings)
   if name == 'ngram':
-    return ngram_lib.make(ngram_max, ngram_min)
+    return ngram_lib.make(settings)
   if name == 'early_exit':
-    return early_exit_lib.make(target, early_exit_layers)
+    return early_exit_lib.make(target, settings)
   if name == 'draft_model':
     if draft_model is None:
       raise ValueError("the 'draft_model' drafter needs a draft model checkpoint "
-                       '(config key draft_model)')
+                       '(config key draft_model.checkpoint)')
     model, params = draft_model
     if model.config.vocab_size != target.config.vocab_size:
       raise ValueError(
           f'draft model vocabulary ({model.config.vocab_size} tokens) differs from the '
           f"target's ({target.config.vocab_size}): a drafter must share the target's vocabulary")
-    return draft_model_lib.make(model, params)
+    return draft_model_lib.make(model, params, settings)
   raise ValueError(f'unknown drafter {name!r}; known drafters: {", ".join(DRAFTER_NAMES)}')
 
 
-__all__ = ['DRAFTER_NAMES', 'Drafter', 'make_drafter']
+__all__ = ['DRAFTER_NAMES', 'Drafter', 'Proposal', 'SETTINGS', 'TargetView', 'make_drafter',
+           'settings_for']

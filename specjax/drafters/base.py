@@ -1,27 +1,78 @@
-"""What a drafter is: three pure functions over an explicit state pytree.
+"""What a drafter is: three pure, keyword-only functions over an explicit state pytree.
 
-  init(dparams, tokens_BxS, lengths_B, prefill_len, target_cache) -> state
-      Reads the prompts (committed tokens at [0, lengths_B)).
-  update(dparams, state, tokens_BxS, lengths_B) -> state
-      Called after every commit (the first token, then each accepted block with
-      its corrected or bonus token), so the drafter's own state sees every
-      committed token before it drafts again.
-  propose(dparams, state, tokens_BxS, lengths_B, keys_B, sampling, gamma,
-          target_params, target_cache) -> (draft_BxG, q_BxGxV | None, state, target_cache)
-      Proposes gamma tokens after each row's last committed token, with q, the
-      distribution each draft token was drawn from; None for a deterministic
-      drafter, whose q is one-hot. Only the early-exit drafter touches the
-      target's cache (it shares its first layers' KV); others return it as is.
+  init(*, params, target: TargetView) -> state
+      Runs after the target's prefill; `target` holds the prompts and the
+      target's hidden states at every prompt position.
+  update(*, params, state, target: TargetView) -> state
+      Runs after every target call (a verify call or a plain decode step):
+      `target` holds the committed context (the corrected or bonus token
+      included), the hidden states the call computed at its positions, and
+      how many drafts each row had accepted.
+  propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma,
+          shared=None) -> Proposal
+      Proposes gamma tokens after each row's last committed token, q (what
+      each was drawn from; None for a deterministic drafter, whose q is one-hot)
+      and how many of them the row has evidence for. `shared` is the target's
+      (params, cache) for a drafter that declares `shares_target_cache`; it
+      returns the cache it wrote in `Proposal.shared_cache`.
 
 All functions run inside the one compiled decoding loop, so shapes are fixed
-and the number of accepted tokens is data. No registry: `specjax.drafters.make_drafter`
-is a plain function that builds one of these by name.
+and every count is data. Hidden states a drafter reads come from the
+target's forward pass (`hidden_layers` names the layers it wants beside the
+final-norm output), so no drafter recomputes the target. No registry:
+`specjax.drafters.make_drafter` is a plain function that builds one by name.
+
+Shape letters: B batch, S token/cache slots, T positions of a target call,
+D width, L requested hidden layers, G gamma, V vocabulary.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable
+
+import flax
+import jax
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TargetView:
+  """What a drafter sees of the target after a call.
+
+  tokens_BxS, lengths_B: committed tokens; the last of each row is pending.
+  positions_BxT: the positions the call ran at (prompt positions for init;
+    the pending token and the drafts for update, L_old - 1 ...).
+  hidden_BxTxD: final-norm hidden states at those positions (zero past what
+    the call ran, e.g. after a plain decode step, which runs one position).
+  layer_hidden_LxBxTxD: the residual stream after each of the drafter's
+    `hidden_layers`, or None.
+  num_accepted_B: drafts each row accepted (0 after prefill or a plain step).
+  """
+
+  tokens_BxS: Array
+  lengths_B: Array
+  positions_BxT: Array
+  hidden_BxTxD: Array
+  layer_hidden_LxBxTxD: Array | None
+  num_accepted_B: Array
+
+
+@flax.struct.dataclass
+class Proposal:
+  """gamma drafts per row, q, and how many of them each row asks to verify.
+
+  num_drafts_B in [0, gamma] is the row's evidence (an n-gram match, a
+  confident draft): the loop verifies at most that many, and a step where
+  no row has any costs one plain decode step.
+  """
+
+  draft_BxG: Array
+  q_BxGxV: Array | None
+  num_drafts_B: Array
+  state: Any
+  shared_cache: Any = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -30,15 +81,39 @@ class Drafter:
   vocab_size: int | None      # None: proposes ids from the context (n-gram)
   init: Callable[..., Any]
   update: Callable[..., Any]
-  propose: Callable[..., Any]
+  propose: Callable[..., Proposal]
   params: Any = None          # the drafter's own weights (None for n-gram / early exit)
+  hidden_layers: tuple[int, ...] = ()  # target layers whose hidden states it reads
+  shares_target_cache: bool = False
 
 
-def no_state_init(dparams, tokens_BxS, lengths_B, prefill_len, target_cache):
-  del dparams, tokens_BxS, lengths_B, prefill_len, target_cache
+def no_state_init(*, params, target: TargetView):
+  del params, target
   return ()
 
 
-def no_state_update(dparams, state, tokens_BxS, lengths_B):
-  del dparams, tokens_BxS, lengths_B
+def no_state_update(*, params, state, target: TargetView):
+  del params, target
   return state
+
+
+def settings_from(cls, values: Any, key: str):
+  """A drafter's frozen settings dataclass from its nested config entry.
+
+  Unknown keys, wrong types and (through the dataclass's own checks) values out
+  of range raise a ValueError naming `config.<key>.<field>`.
+  """
+  values = dict(values.to_dict() if hasattr(values, 'to_dict') else values or {})
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - set(fields))
+  if unknown:
+    raise ValueError(f'config.{key} has unknown setting(s) {", ".join(unknown)}; '
+                     f'known: {", ".join(fields) or "none"}')
+  for name, value in values.items():
+    kind = {'int': int, 'float': (int, float), 'str': str, 'bool': bool}[fields[name].type]
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+      raise ValueError(f'config.{key}.{name} must be a {fields[name].type}, got {value!r}')
+  try:
+    return cls(**values)
+  except ValueError as e:
+    raise ValueError(f'config.{key}.{e}') from None

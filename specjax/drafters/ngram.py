@@ -4,15 +4,17 @@ Match each row's last n committed tokens (n from `max_n` down to `min_n`)
 against every earlier window of its context; at the most recent match, propose
 the gamma tokens that followed it. The matched copy is periodic: if the
 continuation runs into the suffix itself, it repeats with the period of the
-match, which is what the target does in a loop. With no match at any n, the
-last token is repeated (any proposal is safe; only the acceptance rate pays).
-Fixed shapes throughout: a [B, S] comparison per n, no host work. The proposal
-is deterministic, so q is one-hot (returned as None).
+match, which is what the target does in a loop. A row with no match at any n
+has no evidence (`num_drafts_B` = 0): the adaptive loop then takes a plain
+decode step for it, as transformers' prompt lookup does; its drafts (the last
+token repeated) are verified only with a fixed draft length. Fixed shapes
+throughout: a [B, S] comparison per n, no host work. The proposal is
+deterministic, so q is one-hot (returned as None).
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,18 @@ import jax.numpy as jnp
 from specjax.drafters import base
 
 Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """max_n, min_n: the longest and shortest suffix looked up in the context."""
+
+  max_n: int = 3
+  min_n: int = 1
+
+  def __post_init__(self):
+    if not 1 <= self.min_n <= self.max_n:
+      raise ValueError(f'min_n / max_n need 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}')
 
 
 def find_match(tokens_BxS: Array, lengths_B: Array, n: int) -> tuple[Array, Array]:
@@ -39,32 +53,32 @@ def find_match(tokens_BxS: Array, lengths_B: Array, n: int) -> tuple[Array, Arra
 
 
 def propose_ngram(tokens_BxS: Array, lengths_B: Array, gamma: int, max_n: int,
-                  min_n: int) -> Array:
+                  min_n: int) -> tuple[Array, Array]:
+  """The drafts, and the length of the suffix that matched (0: none)."""
   batch, num_slots = tokens_BxS.shape
   rows = jnp.arange(batch)
   last_B = tokens_BxS[rows, jnp.maximum(lengths_B - 1, 0)]
   draft_BxG = jnp.broadcast_to(last_B[:, None], (batch, gamma))
-  found_any_B = jnp.zeros((batch,), bool)
+  matched_B = jnp.zeros((batch,), jnp.int32)
   for n in range(max_n, min_n - 1, -1):
     found_B, start_B = find_match(tokens_BxS, lengths_B, n)
-    use_B = found_B & ~found_any_B
+    use_B = found_B & (matched_B == 0)
     follow_B = start_B + n
     period_B = jnp.maximum(lengths_B - follow_B, 1)
     idx_BxG = follow_B[:, None] + jnp.arange(gamma)[None, :] % period_B[:, None]
     copied_BxG = jnp.take_along_axis(tokens_BxS, jnp.clip(idx_BxG, 0, num_slots - 1), axis=1)
     draft_BxG = jnp.where(use_B[:, None], copied_BxG, draft_BxG)
-    found_any_B |= found_B
-  return draft_BxG.astype(jnp.int32)
+    matched_B = jnp.where(use_B, n, matched_B)
+  return draft_BxG.astype(jnp.int32), matched_B
 
 
-def make(max_n: int = 3, min_n: int = 1) -> base.Drafter:
-  if not 1 <= min_n <= max_n:
-    raise ValueError(f'ngram sizes need 1 <= ngram_min <= ngram_max, got {min_n}, {max_n}')
+def make(settings: Settings = Settings()) -> base.Drafter:
 
-  def propose(dparams, state, tokens_BxS, lengths_B, keys_B, sampling, gamma,
-              target_params, target_cache):
-    del dparams, keys_B, sampling, target_params
-    return propose_ngram(tokens_BxS, lengths_B, gamma, max_n, min_n), None, state, target_cache
+  def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None):
+    del params, keys_B, sampling, shared
+    draft_BxG, matched_B = propose_ngram(tokens_BxS, lengths_B, gamma, settings.max_n,
+                                         settings.min_n)
+    return base.Proposal(draft_BxG, None, jnp.where(matched_B > 0, gamma, 0), state)
 
   return base.Drafter(name='ngram', vocab_size=None, init=base.no_state_init,
                       update=base.no_state_update, propose=propose)

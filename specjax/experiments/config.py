@@ -16,7 +16,7 @@ from typing import Any
 
 from specjax import drafters
 from specjax.checkpoints import embedded
-from specjax.decoding.sampling import SamplingConfig
+from specjax.sampling import SamplingConfig
 
 DRAFTERS = drafters.DRAFTER_NAMES
 BASELINE = 'autoregressive'

@@ -3,16 +3,22 @@
 One function serves prefill, one-token decode and the verification of gamma+1
 drafted tokens: it takes T new tokens per row at per-row positions, writes
 their keys and values into an explicit, preallocated KV cache and returns the
-new cache. Nothing is mutable under jit: `Transformer(cfg).apply({'params': p},
-tokens, positions, cache)` is a function of its arguments.
+new cache, the logits and the hidden states drafters read. Nothing is mutable
+under jit: `Transformer(cfg).apply({'params': p}, tokens, positions, cache)` is
+a function of its arguments.
 
 Einsum letters: B batch, T new tokens, S cache slots, D width, N query heads,
-K key/value heads, G query heads per K head, H head dim, F MLP width, V vocab.
+K key/value heads, G query heads per K head, H head dim, F MLP width, V vocab,
+R positions that get logits, L requested hidden-state layers. A flattened pair
+is written together: `q_NHxD` is the (N * H, D) query projection.
 
-Parameter layouts are (in, out) throughout, the tied embedding included
-(`embedding_DxV`): on CPU, XLA's skinny matmuls x[T,D] @ W[D,V] are faster
-than with W stored (V, D) for T >= 2, which is what a verify step needs.
-Norm `scale`s hold the full multiplier (Gemma's 1 + w), as GGUF files do.
+Every matrix is stored (out, in), as GGUF and torch store them, and applied as
+`w @ x.T` (see `linear`): XLA:CPU computes a tall-and-skinny product W[O, I] @
+X[I, T] at close to one pass over W for small T, but x[T, I] @ W[I, O] at two
+to three passes (measured on a 2-core AVX2 EPYC: the tied 262,144 x 640 head at
+T = 5 took 36-42 ms against 56-67 ms). That is what keeps a verify call over
+gamma + 1 positions close to the cost of a one-token decode step. Norm
+`scale`s hold the full multiplier (Gemma's 1 + w), as GGUF files do.
 
 Sharding: called with `model_axis` inside `shard_map`, every parameter is the
 local shard (heads, MLP width and vocabulary split over that axis; K/V heads
@@ -22,6 +28,7 @@ with `psum`. Without `model_axis` it is the plain single-device model.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -36,6 +43,45 @@ Array = jax.Array
 Cache = kv_cache_lib.Cache
 
 _NEG_INF = -2.3819763e38  # a large finite negative that survives softcap and bf16
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardOutput:
+  """What one forward pass returns.
+
+  logits_BxRxV: float32 logits at the R positions asked for (all T by default).
+  cache: the KV cache with the T new entries written.
+  hidden_BxTxD: the last run layer's output after the final norm, at every new
+    position (the features a Medusa or EAGLE head reads).
+  layer_hidden_LxBxTxD: the residual stream after each layer in
+    `hidden_layers` (0-based; EAGLE-3 fuses a low, a middle and a high one),
+    or None when none was asked for.
+  """
+
+  logits_BxRxV: Array
+  cache: Cache
+  hidden_BxTxD: Array
+  layer_hidden_LxBxTxD: Array | None = None
+
+
+jax.tree_util.register_dataclass(
+    ForwardOutput, data_fields=['logits_BxRxV', 'cache', 'hidden_BxTxD', 'layer_hidden_LxBxTxD'],
+    meta_fields=[])
+
+
+def linear(x_BxTxI: Array, w_OxI: Array, out_dtype: Any = None) -> Array:
+  """x @ w.T for a matrix stored (out, in), computed as (w @ x.T).T.
+
+  On CPU the product's [O, B*T] result passes an optimization barrier before
+  it is transposed: without it XLA folds the transpose into the matmul's
+  output layout and picks its slow small-M kernel again.
+  """
+  b, t, i = x_BxTxI.shape
+  y_OxN = jnp.einsum('oi,ni->on', w_OxI, x_BxTxI.reshape(b * t, i),
+                     preferred_element_type=jnp.float32).astype(out_dtype or x_BxTxI.dtype)
+  if jax.default_backend() == 'cpu' and b * t > 1:
+    y_OxN = jax.lax.optimization_barrier(y_OxN)
+  return y_OxN.T.reshape(b, t, w_OxI.shape[0])
 
 
 def rms_norm(x: Array, scale: Array, eps: float) -> Array:
@@ -67,18 +113,29 @@ def apply_rope(x_BxTxNxH: Array, positions_BxT: Array, base: float, scale: float
   return out.astype(x_BxTxNxH.dtype)
 
 
-def attention_mask(positions_BxT: Array, num_slots: int, window: int | None) -> Array:
-  """Which cache slots each new token may attend to; slot s holds position s.
+def attention_mask(positions_BxT: Array, slot_positions_BxS: Array, window: int | None) -> Array:
+  """Which cache slots each new token may attend to; a slot holds the position it is named by.
 
   Slots past a query's own position hold stale or unwritten entries (rejected
   drafts, padding) and are hidden by causality, so a rollback costs nothing.
   """
-  slots_S = jnp.arange(num_slots)
   q_BxTx1 = positions_BxT[:, :, None]
-  mask_BxTxS = slots_S[None, None, :] <= q_BxTx1
+  s_Bx1xS = slot_positions_BxS[:, None, :]
+  mask_BxTxS = s_Bx1xS <= q_BxTx1
   if window is not None:
-    mask_BxTxS &= slots_S[None, None, :] > q_BxTx1 - window
+    mask_BxTxS &= s_Bx1xS > q_BxTx1 - window
   return mask_BxTxS
+
+
+def window_slots(num_slots: int, window: int, num_new: int) -> int | None:
+  """How many cache slots a local layer reads, or None to read them all.
+
+  T new tokens from position p attend to slots (p - window, p + T - 1]: a
+  window of window + T - 1 slots. Reading only those (a per-row dynamic slice)
+  pays off once the cache is at least twice that long.
+  """
+  needed = window + num_new - 1
+  return needed if num_slots >= 2 * needed else None
 
 
 def _model_rank(model_axis: str | None) -> Array | int:
@@ -89,6 +146,12 @@ def local_kv_heads(config: GemmaConfig, model_shards: int) -> int:
   """K/V heads per 'model' shard: split when they divide evenly, else replicated."""
   return config.num_kv_heads // model_shards if config.num_kv_heads % model_shards == 0 \
       else config.num_kv_heads
+
+
+def _read_window(layer_cache: dict[str, Array], start_B: Array, length: int):
+  def row(buf_SxKxH, start):
+    return jax.lax.dynamic_slice_in_dim(buf_SxKxH, start, length, axis=0)
+  return jax.vmap(row)(layer_cache['k'], start_B), jax.vmap(row)(layer_cache['v'], start_B)
 
 
 class Attention(nn.Module):
@@ -103,14 +166,16 @@ class Attention(nn.Module):
     init = nn.initializers.normal(0.2)
     num_q = cfg.num_heads // self.model_shards
     num_kv = local_kv_heads(cfg, self.model_shards)
-    q_DxNxH = self.param('q_DxNxH', init, (cfg.embed_dim, num_q, cfg.head_dim))
-    k_DxKxH = self.param('k_DxKxH', init, (cfg.embed_dim, num_kv, cfg.head_dim))
-    v_DxKxH = self.param('v_DxKxH', init, (cfg.embed_dim, num_kv, cfg.head_dim))
-    o_NxHxD = self.param('o_NxHxD', init, (num_q, cfg.head_dim, cfg.embed_dim))
+    h_dim = cfg.head_dim
+    q_NHxD = self.param('q_NHxD', init, (num_q * h_dim, cfg.embed_dim))
+    k_KHxD = self.param('k_KHxD', init, (num_kv * h_dim, cfg.embed_dim))
+    v_KHxD = self.param('v_KHxD', init, (num_kv * h_dim, cfg.embed_dim))
+    o_DxNH = self.param('o_DxNH', init, (cfg.embed_dim, num_q * h_dim))
 
-    q = jnp.einsum('btd,dnh->btnh', x_BxTxD, q_DxNxH)
-    k = jnp.einsum('btd,dkh->btkh', x_BxTxD, k_DxKxH)
-    v = jnp.einsum('btd,dkh->btkh', x_BxTxD, v_DxKxH)
+    b, t = x_BxTxD.shape[:2]
+    q = linear(x_BxTxD, q_NHxD).reshape(b, t, num_q, h_dim)
+    k = linear(x_BxTxD, k_KHxD).reshape(b, t, num_kv, h_dim)
+    v = linear(x_BxTxD, v_KHxD).reshape(b, t, num_kv, h_dim)
     if cfg.use_qk_norm:
       q = RMSNorm(cfg.rms_norm_eps, name='query_norm')(q)
       k = RMSNorm(cfg.rms_norm_eps, name='key_norm')(k)
@@ -121,31 +186,39 @@ class Attention(nn.Module):
     q = apply_rope(q, positions_BxT, base, scale) * (cfg.query_pre_attn_scalar ** -0.5)
     k = apply_rope(k, positions_BxT, base, scale)
 
-    layer_cache = kv_cache_lib.write(layer_cache, k, v, positions_BxT[:, 0])
-    k_BxSxKxH, v_BxSxKxH = layer_cache['k'], layer_cache['v']
+    start_B = positions_BxT[:, 0]
+    layer_cache = kv_cache_lib.write(layer_cache, k, v, start_B)
+    num_slots = layer_cache['k'].shape[1]
+    window = cfg.sliding_window if self.kind == 'local' else None
+    length = None if window is None else window_slots(num_slots, window, t)
+    if length is None:
+      k_BxSxKxH, v_BxSxKxH = layer_cache['k'], layer_cache['v']
+      slots_BxS = jnp.broadcast_to(jnp.arange(num_slots), (b, num_slots))
+    else:
+      first_B = jnp.clip(start_B - window + 1, 0, num_slots - length)
+      k_BxSxKxH, v_BxSxKxH = _read_window(layer_cache, first_B, length)
+      slots_BxS = first_B[:, None] + jnp.arange(length)[None, :]
 
     # Under shard_map the local shard may hold fewer query heads than K/V heads
     # are replicated for: pick, for each local query head, its K/V head.
-    n_local, k_local = q.shape[2], k_BxSxKxH.shape[2]
-    if k_local * (cfg.num_heads // n_local) != cfg.num_kv_heads and k_local > 1:
+    k_local = k_BxSxKxH.shape[2]
+    if k_local * (cfg.num_heads // num_q) != cfg.num_kv_heads and k_local > 1:
       group = cfg.num_heads // cfg.num_kv_heads
-      kv_idx = (_model_rank(self.model_axis) * n_local + jnp.arange(n_local)) // group
+      kv_idx = (_model_rank(self.model_axis) * num_q + jnp.arange(num_q)) // group
       k_BxSxKxH = jnp.take(k_BxSxKxH, kv_idx, axis=2)
       v_BxSxKxH = jnp.take(v_BxSxKxH, kv_idx, axis=2)
-      k_local = n_local
-    b, t = q.shape[:2]
-    q_BxTxKxGxH = q.reshape(b, t, k_local, n_local // k_local, cfg.head_dim)
+      k_local = num_q
+    q_BxTxKxGxH = q.reshape(b, t, k_local, num_q // k_local, h_dim)
 
     logits = jnp.einsum('btkgh,bskh->bkgts', q_BxTxKxGxH, k_BxSxKxH,
                         preferred_element_type=jnp.float32)
     if cfg.attn_logit_softcap is not None:
       logits = jnp.tanh(logits / cfg.attn_logit_softcap) * cfg.attn_logit_softcap
-    window = cfg.sliding_window if self.kind == 'local' else None
-    mask_BxTxS = attention_mask(positions_BxT, k_BxSxKxH.shape[1], window)
+    mask_BxTxS = attention_mask(positions_BxT, slots_BxS, window)
     logits = jnp.where(mask_BxTxS[:, None, None], logits, _NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(v_BxSxKxH.dtype)
-    out = jnp.einsum('bkgts,bskh->btkgh', probs, v_BxSxKxH).reshape(b, t, n_local, cfg.head_dim)
-    out_BxTxD = jnp.einsum('btnh,nhd->btd', out, o_NxHxD)
+    out_BxTxNH = jnp.einsum('bkgts,bskh->btkgh', probs, v_BxSxKxH).reshape(b, t, num_q * h_dim)
+    out_BxTxD = linear(out_BxTxNH, o_DxNH)
     if self.model_axis is not None:
       out_BxTxD = jax.lax.psum(out_BxTxD, self.model_axis)
     return out_BxTxD, layer_cache
@@ -161,11 +234,11 @@ class MLP(nn.Module):
     cfg = self.config
     init = nn.initializers.normal(0.2)
     hidden = cfg.hidden_dim // self.model_shards
-    gate_DxF = self.param('gate_DxF', init, (cfg.embed_dim, hidden))
-    up_DxF = self.param('up_DxF', init, (cfg.embed_dim, hidden))
-    down_FxD = self.param('down_FxD', init, (hidden, cfg.embed_dim))
-    h = jax.nn.gelu(x_BxTxD @ gate_DxF, approximate=True) * (x_BxTxD @ up_DxF)
-    out = h @ down_FxD
+    gate_FxD = self.param('gate_FxD', init, (hidden, cfg.embed_dim))
+    up_FxD = self.param('up_FxD', init, (hidden, cfg.embed_dim))
+    down_DxF = self.param('down_DxF', init, (cfg.embed_dim, hidden))
+    h = jax.nn.gelu(linear(x_BxTxD, gate_FxD), approximate=True) * linear(x_BxTxD, up_FxD)
+    out = linear(h, down_DxF)
     if self.model_axis is not None:
       out = jax.lax.psum(out, self.model_axis)
     return out
@@ -193,12 +266,12 @@ class Block(nn.Module):
 class Transformer(nn.Module):
   """Gemma decoder over an explicit KV cache.
 
-  __call__(tokens_BxT, positions_BxT, cache, logit_indices_BxR=None, num_layers=None)
-  returns (logits_BxRxV, new_cache). `positions_BxT` must be consecutive in
-  each row (T new tokens starting at the row's own offset). `logit_indices_BxR`
-  picks which of the T outputs get the (costly, V-wide) head; None means all.
-  `num_layers` runs only the first layers, then the final norm and head: the
-  early-exit drafter.
+  __call__(tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
+  num_layers=None, hidden_layers=()) returns a `ForwardOutput`.
+  `positions_BxT` must be consecutive in each row (T new tokens starting at
+  the row's own offset). `logit_indices_BxR` picks which of the T outputs get
+  the (costly, V-wide) head; None means all. `num_layers` runs only the first
+  layers, then the final norm and head: the early-exit drafter.
   """
 
   config: GemmaConfig
@@ -207,19 +280,23 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxT: Array, positions_BxT: Array, cache: Cache,
-               logit_indices_BxR: Array | None = None, num_layers: int | None = None):
+               logit_indices_BxR: Array | None = None, num_layers: int | None = None,
+               hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
     cfg = self.config
-    embedding_DxV = self.param('embedding_DxV', nn.initializers.normal(cfg.embed_dim ** -0.5),
-                               (cfg.embed_dim, cfg.vocab_size // self.model_shards))
-    x_BxTxD = embed(embedding_DxV, tokens_BxT, self.model_axis)
+    embedding_VxD = self.param('embedding_VxD', nn.initializers.normal(cfg.embed_dim ** -0.5),
+                               (cfg.vocab_size // self.model_shards, cfg.embed_dim))
+    x_BxTxD = embed(embedding_VxD, tokens_BxT, self.model_axis)
     x_BxTxD = x_BxTxD * jnp.asarray(math.sqrt(cfg.embed_dim), x_BxTxD.dtype)
 
     depth = cfg.num_layers if num_layers is None else num_layers
     new_cache = list(cache)
+    layer_hidden = []
     for i in range(depth):
       x_BxTxD, new_cache[i] = Block(cfg, cfg.attention_kind(i), self.model_axis,
                                     self.model_shards, name=f'layer_{i}')(
                                         x_BxTxD, positions_BxT, cache[i])
+      if i in hidden_layers:
+        layer_hidden.append(x_BxTxD)
     if depth < cfg.num_layers and self.is_initializing():
       # Create the remaining layers' parameters so init always yields the full model.
       for i in range(depth, cfg.num_layers):
@@ -227,29 +304,31 @@ class Transformer(nn.Module):
               name=f'layer_{i}')(
             x_BxTxD, positions_BxT, cache[i])
 
-    x_BxTxD = RMSNorm(cfg.rms_norm_eps, name='final_norm')(x_BxTxD)
+    hidden_BxTxD = RMSNorm(cfg.rms_norm_eps, name='final_norm')(x_BxTxD)
+    x_BxRxD = hidden_BxTxD
     if logit_indices_BxR is not None:
-      x_BxTxD = jnp.take_along_axis(x_BxTxD, logit_indices_BxR[:, :, None], axis=1)
-    logits = lm_head(embedding_DxV, x_BxTxD, self.model_axis)
+      x_BxRxD = jnp.take_along_axis(hidden_BxTxD, logit_indices_BxR[:, :, None], axis=1)
+    logits = lm_head(embedding_VxD, x_BxRxD, self.model_axis)
     if cfg.final_logit_softcap is not None:
       logits = jnp.tanh(logits / cfg.final_logit_softcap) * cfg.final_logit_softcap
-    return logits, new_cache
+    stacked = jnp.stack(layer_hidden) if layer_hidden else None
+    return ForwardOutput(logits, new_cache, hidden_BxTxD, stacked)
 
 
-def embed(embedding_DxV: Array, tokens_BxT: Array, model_axis: str | None) -> Array:
+def embed(embedding_VxD: Array, tokens_BxT: Array, model_axis: str | None) -> Array:
   """Looks tokens up in the tied table; with a vocab-sharded table, sums shards."""
-  local_v = embedding_DxV.shape[1]
+  local_v = embedding_VxD.shape[0]
   if model_axis is None:
-    return jnp.take(embedding_DxV, tokens_BxT, axis=1).transpose(1, 2, 0)
+    return jnp.take(embedding_VxD, tokens_BxT, axis=0)
   local_tokens = tokens_BxT - _model_rank(model_axis) * local_v
   mine = (local_tokens >= 0) & (local_tokens < local_v)
-  x = jnp.take(embedding_DxV, jnp.clip(local_tokens, 0, local_v - 1), axis=1).transpose(1, 2, 0)
+  x = jnp.take(embedding_VxD, jnp.clip(local_tokens, 0, local_v - 1), axis=0)
   return jax.lax.psum(jnp.where(mine[..., None], x, 0), model_axis)
 
 
-def lm_head(embedding_DxV: Array, x_BxRxD: Array, model_axis: str | None) -> Array:
-  logits = jnp.einsum('brd,dv->brv', x_BxRxD, embedding_DxV,
-                      preferred_element_type=jnp.float32)
+def lm_head(embedding_VxD: Array, x_BxRxD: Array, model_axis: str | None) -> Array:
+  """Float32 logits against the tied table (its local vocabulary shard, gathered)."""
+  logits = linear(x_BxRxD, embedding_VxD, out_dtype=jnp.float32)
   if model_axis is not None:
     logits = jax.lax.all_gather(logits, model_axis, axis=2, tiled=True)
   return logits

@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from specjax import sharding
 from specjax.models import kv_cache as kv_cache_lib
 from specjax.models.config import GemmaConfig
-from specjax.models.gemma import Transformer
+from specjax.models.gemma import ForwardOutput, Transformer
 
 Array = jax.Array
 
@@ -24,7 +24,8 @@ Array = jax.Array
 @dataclasses.dataclass(frozen=True, eq=False)
 class LanguageModel:
   """`forward(params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-  num_layers=None) -> (logits_BxRxV float32, cache)`."""
+  num_layers=None, hidden_layers=()) -> gemma.ForwardOutput` (float32 logits,
+  the new cache, hidden states)."""
 
   config: GemmaConfig
   mesh: Mesh | None = None
@@ -50,15 +51,22 @@ class LanguageModel:
         cache, specs)
 
   def forward(self, params, tokens_BxT: Array, positions_BxT: Array, cache,
-              logit_indices_BxR: Array | None = None, num_layers: int | None = None):
+              logit_indices_BxR: Array | None = None, num_layers: int | None = None,
+              hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+    depth = self.config.num_layers if num_layers is None else num_layers
+    bad = [i for i in hidden_layers if not 0 <= i < depth]
+    if bad:
+      raise ValueError(f'hidden_layers {bad} are outside the {depth} layers this pass runs')
+    hidden_layers = tuple(sorted(set(hidden_layers)))
     if self.mesh is None:
       return Transformer(self.config).apply(
-          {'params': params}, tokens_BxT, positions_BxT, cache, logit_indices_BxR, num_layers)
+          {'params': params}, tokens_BxT, positions_BxT, cache, logit_indices_BxR, num_layers,
+          hidden_layers)
     return self._sharded_forward(params, tokens_BxT, positions_BxT, cache,
-                                 logit_indices_BxR, num_layers)
+                                 logit_indices_BxR, num_layers, hidden_layers)
 
   def _sharded_forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR,
-                       num_layers):
+                       num_layers, hidden_layers):
     model_size = self.mesh.shape['model']
     p_specs = sharding.param_specs(params, self.config, model_size)
     c_specs = sharding.cache_specs(cache, self.config, model_size)
@@ -66,12 +74,16 @@ class LanguageModel:
     module = Transformer(self.config, model_axis='model', model_shards=model_size)
 
     def local(params, tokens, positions, cache, indices):
-      return module.apply({'params': params}, tokens, positions, cache, indices, num_layers)
+      return module.apply({'params': params}, tokens, positions, cache, indices, num_layers,
+                          hidden_layers)
 
+    # After each psum the hidden states are whole on every 'model' shard.
+    out_specs = ForwardOutput(P('data', None, None), c_specs, P('data', None, None),
+                              P(None, 'data', None, None) if hidden_layers else None)
     fn = jax.shard_map(
         local, mesh=self.mesh,
         in_specs=(p_specs, rows, rows, c_specs, None if logit_indices_BxR is None else rows),
-        out_specs=(P('data', None, None), c_specs), check_vma=False)
+        out_specs=out_specs, check_vma=False)
     return fn(params, tokens_BxT, positions_BxT, cache, logit_indices_BxR)
 
 

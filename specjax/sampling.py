@@ -1,9 +1,11 @@
-"""Turning logits into the distribution a token is drawn from.
+"""Turning logits into tokens: the one place that decides greedy or sampled.
 
 Speculative sampling is exact only if the target's p and the drafter's q are
 processed by the same rule (temperature, then top-k, then top-p), so both go
-through `probabilities`. Greedy decoding is temperature 0: a one-hot
-distribution, never a division by zero.
+through `probabilities`, and every token anywhere (the target's first token,
+a plain decode step, a drafter's proposal) is drawn by `draw`. Greedy decoding
+is temperature 0: an argmax whose q is one-hot (returned as None), never a
+division by zero. This module sits below both `decoding` and `drafters`.
 """
 
 from __future__ import annotations
@@ -73,10 +75,21 @@ def sample(keys_B: Array, weights_BxV: Array) -> Array:
   return jax.vmap(row)(keys_B, weights_BxV)
 
 
-def next_token(keys_B: Array, logits_BxV: Array, sampling: SamplingConfig) -> Array:
+def draw(keys_B: Array, logits_BxV: Array, sampling: SamplingConfig
+         ) -> tuple[Array, Array | None]:
+  """One token per row and q, the distribution it was drawn from.
+
+  Greedy: the argmax, and None for its one-hot q. Sampled: a draw from
+  `probabilities(logits)`, and those probabilities.
+  """
   if sampling.greedy:
-    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-  return sample(keys_B, probabilities(logits_BxV, sampling))
+    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32), None
+  q_BxV = probabilities(logits_BxV, sampling)
+  return sample(keys_B, q_BxV), q_BxV
+
+
+def next_token(keys_B: Array, logits_BxV: Array, sampling: SamplingConfig) -> Array:
+  return draw(keys_B, logits_BxV, sampling)[0]
 
 
 def row_keys(seed: int, row_ids) -> Array:

@@ -1,0 +1,199 @@
+"""Drafter interface v2: drafters see the target's hidden states, evidence drives
+the draft length, and a step without evidence is exactly a plain decode step.
+
+Shapes: B batch, S slots, T positions, D width, G gamma, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import drafters
+from specjax import sampling as sampling_lib
+from specjax.decoding import autoregressive, draft_length, program, speculative
+from specjax.decoding import batch as batch_lib
+from specjax.decoding import prefill as prefill_lib
+from specjax.drafters import base
+
+import toy_models
+
+COUNT_V = 16
+COUNT_TABLE = toy_models.count_up_table(COUNT_V)
+COUNT_TOY = toy_models.table_model(COUNT_V)
+
+
+def feature_copy_drafter(vocab: int, *, misalign: int = 0) -> base.Drafter:
+  """Drafts from the target's hidden states alone, never reading tokens.
+
+  The table model's hidden state at a position is the token there, so the
+  feature at the position before the pending token, plus one, is the pending
+  token, and the count-up target continues from it. The drafter is right only
+  if `init` and `update` hand it the right features at the right positions;
+  `misalign` shifts the index it reads.
+  """
+
+  def feature(target: base.TargetView):
+    index_B = target.lengths_B - 2 - target.positions_BxT[:, 0] + misalign
+    index_B = jnp.clip(index_B, 0, target.hidden_BxTxD.shape[1] - 1)
+    return jnp.take_along_axis(target.hidden_BxTxD[..., 0], index_B[:, None], axis=1)[:, 0]
+
+  def init(*, params, target):
+    del params
+    return feature(target).astype(jnp.int32)
+
+  def update(*, params, state, target):
+    del params, state
+    return feature(target).astype(jnp.int32)
+
+  def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None):
+    del params, tokens_BxS, keys_B, sampling, shared
+    draft_BxG = (state[:, None] + 2 + jnp.arange(gamma)[None, :]) % vocab
+    return base.Proposal(draft_BxG.astype(jnp.int32), None,
+                         jnp.full(lengths_B.shape, gamma, jnp.int32), state)
+
+  return base.Drafter(name='feature_copy', vocab_size=vocab, init=init, update=update,
+                      propose=propose)
+
+
+PROMPTS = [[3], [14, 15, 0, 1, 2], [9, 10, 11, 12]]
+
+
+@pytest.mark.parametrize('adaptive', [False, True])
+def test_a_drafter_fed_the_targets_features_drafts_every_token_right(adaptive):
+  gamma, max_new = 3, 17
+  policy = (draft_length.Policy((0, 2, 3), (1.0, 1.01, 1.02)) if adaptive
+            else draft_length.fixed(gamma))
+  out = speculative.generate(COUNT_TOY, COUNT_TABLE, feature_copy_drafter(COUNT_V), PROMPTS,
+                             gamma=gamma, max_new_tokens=max_new, policy=policy)
+  for b, prompt in enumerate(PROMPTS):
+    assert out.new_tokens[b] == [(prompt[-1] + 1 + i) % COUNT_V for i in range(max_new)]
+  # 16 tokens after the first, 4 per call: every draft of every call accepted.
+  assert out.target_calls == [5, 5, 5]
+  assert out.accepted_tokens == [12, 12, 12] and out.drafted_tokens == [12, 12, 12]
+
+
+def test_hidden_states_reach_init_and_update_on_a_real_gemma():
+  """On the tiny Gemma: the hidden states a drafter receives equal a full forward's
+  (final norm and a requested layer) at the positions the view names."""
+  model, params = toy_models.tiny_gemma()
+  seen = []
+
+  def init(*, params, target):
+    del params
+    return {'hidden': target.hidden_BxTxD[:, :3], 'layer': target.layer_hidden_LxBxTxD[:, :, :3]}
+
+  def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None):
+    del params, tokens_BxS, keys_B, sampling, shared
+    return base.Proposal(jnp.zeros((lengths_B.shape[0], gamma), jnp.int32), None,
+                         jnp.zeros_like(lengths_B), state)
+
+  drafter = base.Drafter(name='spy', vocab_size=model.config.vocab_size, init=init,
+                         update=base.no_state_update, propose=propose, hidden_layers=(1,))
+  loop = program.Loop(target=model, sampling=sampling_lib.SamplingConfig(), eos_ids=(),
+                      max_new_tokens=4, prefill_len=16, drafter=drafter, gamma=2,
+                      policy=draft_length.fixed(2))
+  packed = program.pack(model, [[2, 5, 9, 11]], max_new_tokens=4, extra_slots=3)
+  tokens = jnp.asarray(packed.tokens_BxS)
+  state, out = prefill_lib.start(model, params, tokens, jnp.asarray(packed.lengths_B),
+                                 jnp.asarray([4]), sampling_lib.row_keys(0, [0]),
+                                 jnp.asarray(packed.active_B), prefill_len=16,
+                                 sampling=loop.sampling, eos_ids=(), hidden_layers=(1,))
+  del state
+  full = model.forward(params, tokens[:, :3], jnp.arange(3)[None], model.init_cache(1, 16),
+                       hidden_layers=(1,))
+  np.testing.assert_allclose(out.hidden_BxTxD[:, :3], full.hidden_BxTxD, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(out.layer_hidden_LxBxTxD[:, :, :3], full.layer_hidden_LxBxTxD,
+                             rtol=1e-5, atol=1e-4)
+  assert float(jnp.abs(full.hidden_BxTxD).max()) > 0.1
+  del seen
+
+
+def test_a_step_without_evidence_is_a_plain_decode_step():
+  """With no row drafting, one speculative step leaves the tokens, lengths and the
+  KV cache exactly as autoregressive.decode_step does."""
+  model, params = toy_models.tiny_gemma()
+  ngram = drafters.make_drafter('ngram', target=model)
+  gamma = 3
+  policy = draft_length.Policy((0, 2, 3), (1.0, 1.01, 1.02))
+  packed = program.pack(model, [[2, 5, 9, 11], [7, 1, 3]], max_new_tokens=8,
+                        extra_slots=gamma + 1)
+  sampling = sampling_lib.SamplingConfig()
+  loop = program.Loop(target=model, sampling=sampling, eos_ids=(), max_new_tokens=8,
+                      prefill_len=packed.prefill_len, drafter=ngram, gamma=gamma, policy=policy)
+  keys_B = sampling_lib.row_keys(0, packed.row_ids_B)
+  max_new_B = jnp.full((2,), 8, jnp.int32)
+
+  @jax.jit
+  def both(params):
+    decode, _ = prefill_lib.start(model, params, jnp.asarray(packed.tokens_BxS),
+                                  jnp.asarray(packed.lengths_B), max_new_B, keys_B,
+                                  jnp.asarray(packed.active_B), prefill_len=packed.prefill_len,
+                                  sampling=sampling, eos_ids=())
+    plain, _ = autoregressive.decode_step(model, params, keys_B, max_new_B, loop, decode)
+    batch = decode.tokens_BxS.shape[0]
+    state = speculative.SpecState(
+        decode, (), draft_length.History.init(batch),
+        speculative.Counters(*(jnp.zeros((batch,), jnp.int32),) * 4,
+                             jnp.zeros((batch, gamma), jnp.int32)))
+    spec = speculative._step(loop, params, None, keys_B, max_new_B, state)  # pylint: disable=protected-access
+    return plain, spec
+
+  plain, spec = both(params)
+  # No prompt repeats its last token, so n-gram has no evidence and drafts nothing.
+  assert spec.counters.plain_calls_B.tolist() == [1, 1]
+  assert spec.counters.drafted_B.tolist() == [0, 0]
+  np.testing.assert_array_equal(spec.decode.tokens_BxS, plain.tokens_BxS)
+  np.testing.assert_array_equal(spec.decode.lengths_B, plain.lengths_B)
+  for a, b in zip(jax.tree.leaves(spec.decode.cache), jax.tree.leaves(plain.cache)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_adaptive_ngram_takes_plain_steps_where_it_has_no_match():
+  """Count-up from a prompt with no repetition: n-gram never matches, so every call
+  is a plain step (the fixed policy would verify gamma useless drafts each time)."""
+  vocab = 64
+  toy = toy_models.table_model(vocab)
+  ngram = drafters.make_drafter('ngram', target=toy)
+  out = speculative.generate(toy, toy_models.count_up_table(vocab), ngram, [[0]], gamma=3,
+                             max_new_tokens=10,
+                             policy=draft_length.Policy((0, 2, 3), (1.0, 1.01, 1.02)))
+  assert out.new_tokens == [list(range(1, 11))]
+  assert out.plain_calls == [9] and out.drafted_tokens == [0]
+
+
+@pytest.mark.parametrize('name, values, message', [
+    ('ngram', {'max_m': 3}, r'config.ngram has unknown setting\(s\) max_m; known: max_n, min_n'),
+    ('ngram', {'max_n': '3'}, r"config.ngram.max_n must be a int, got '3'"),
+    ('ngram', {'max_n': 0}, r'config.ngram.min_n / max_n need 1 <= min_n <= max_n'),
+    ('early_exit', {'layers': 2.5}, r'config.early_exit.layers must be a int, got 2.5'),
+    ('early_exit', {'min_confidence': 1.5}, r'config.early_exit.min_confidence must be in'),
+    ('draft_model', {'checkpoint': 3}, r'config.draft_model.checkpoint must be a str'),
+    ('medusa', {}, r"unknown drafter 'medusa'"),
+])
+def test_bad_nested_drafter_settings_are_clear_errors(name, values, message):
+  with pytest.raises(ValueError, match=message):
+    drafters.settings_for(name, values)
+
+
+def test_choose_prefers_a_plain_step_for_a_large_batch_with_expensive_calls():
+  """Batch-aware: the same evidence drafts at batch 1 and not when a call over
+  gamma + 1 positions costs as much as several decode steps."""
+  history = draft_length.History.init(1)
+  cheap = draft_length.Policy((0, 2, 4), (1.0, 1.2, 1.5))
+  dear = draft_length.Policy((0, 2, 4), (1.0, 3.0, 5.0))
+  evidence = jnp.asarray([4])
+  live = jnp.asarray([True])
+  assert int(draft_length.choose(cheap, history, evidence, live)[0]) > 0
+  assert int(draft_length.choose(dear, history, evidence, live)[0]) == 0
+  assert int(draft_length.choose(cheap, history, jnp.asarray([0]), live)[0]) == 0
+
+
+def test_expected_tokens_is_leviathans_formula():
+  a, k = 0.6, 4
+  assert float(draft_length.expected_tokens(jnp.asarray([a]), jnp.asarray([k]))[0]) == \
+      pytest.approx((1 - a ** (k + 1)) / (1 - a), rel=1e-6)

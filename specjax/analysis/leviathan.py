@@ -216,25 +216,26 @@ def device_description() -> str:
           f'numpy {np.__version__}, Python {platform.python_version()}')
 
 
-_OUT = flags.DEFINE_string('out', None, 'Markdown file to write.')
-_CALLS = flags.DEFINE_integer('calls', 200_000, 'Simulated target calls per Monte-Carlo point.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the Monte-Carlo simulation.')
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  if not _OUT.value:
+  out = flags.FLAGS.out
+  if not out:
     raise app.UsageError('--out is required')
   start = time.perf_counter()
   command = 'python -m specjax.analysis.leviathan ' + ' '.join(sys.argv[1:])
   text = markdown(command, device_description(), datetime.date.today().isoformat(),
-                  _CALLS.value, _SEED.value)
-  os.makedirs(os.path.dirname(_OUT.value) or '.', exist_ok=True)
-  with open(_OUT.value, 'w', encoding='utf-8') as f:
+                  flags.FLAGS.calls, flags.FLAGS.seed)
+  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+  with open(out, 'w', encoding='utf-8') as f:
     f.write(text)
-  logging.info('wrote %s in %.1f s', _OUT.value, time.perf_counter() - start)
+  logging.info('wrote %s in %.1f s', out, time.perf_counter() - start)
 
 
 if __name__ == '__main__':
+  # Defined here, not on import, so a notebook or report importing this module
+  # does not claim the flag names.
+  flags.DEFINE_string('out', None, 'Markdown file to write.')
+  flags.DEFINE_integer('calls', 200_000, 'Simulated target calls per Monte-Carlo point.')
+  flags.DEFINE_integer('seed', 0, 'Seed of the Monte-Carlo simulation.')
   app.run(main)

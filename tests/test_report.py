@@ -32,7 +32,8 @@ PLOTS = ('speedup_vs_gamma.png', 'accepted_per_task.png', 'acceptance_by_positio
 def section(text, title):
   """The lines of a section of report.md, its heading and image link left out."""
   body = text.split(f'## {title}\n\n', 1)[1].split('\n## ', 1)[0]
-  return '\n'.join(line for line in body.splitlines() if not line.startswith('![')).strip().split('\n')
+  kept = '\n'.join(line for line in body.splitlines() if not line.startswith('!['))
+  return kept.strip().split('\n')
 
 
 @pytest.fixture(scope='module')

@@ -124,7 +124,8 @@ def predictions(figs: Sequence[Figures], cost_ratios: Mapping[str, float]) -> li
           for f in figs if f.method in cost_ratios and f.alpha is not None]
 
 
-def speedup_by_batch_size(figs: Sequence[Figures]) -> dict[tuple[str, int, float], dict[int, float]]:
+def speedup_by_batch_size(figs: Sequence[Figures]
+                          ) -> dict[tuple[str, int, float], dict[int, float]]:
   """(method, gamma, temperature) -> batch size -> speedup, for the speculative settings."""
   out = collections.defaultdict(dict)
   for f in figs:

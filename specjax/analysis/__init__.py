@@ -1,0 +1,1 @@
+"""Analytic models of speculative decoding, to set beside measured results."""

@@ -1,0 +1,141 @@
+"""Result rows read from every `*.jsonl` in a directory, checked once, at the edge.
+
+A report needs only the rows: `results.jsonl` from `run_experiment`, and any
+other JSONL of rows beside it (a sweep's, a copy from another machine). Each
+line becomes a frozen `Row`; a line that is not a row is an error naming its
+file and line, since a silently dropped row would change every figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+from typing import Any
+
+from specjax.experiments.config import BASELINE
+
+
+class ReportError(ValueError):
+  """Input a report cannot be made from; the message names the file and line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One prompt's run by one method; the speculative counters are None for the baseline."""
+
+  where: str                  # 'dir/file.jsonl:12', for messages
+  prompt_id: str
+  category: str
+  method: str
+  temperature: float
+  batch_size: int
+  new_tokens: int
+  wall_s: float
+  fingerprint: str | None
+  gamma: int | None = None
+  target_calls: int | None = None       # the prefill included
+  accepted_tokens: int | None = None
+  drafted_tokens: int | None = None
+  acceptance_by_position: tuple[int, ...] | None = None
+
+  @property
+  def setting(self) -> tuple[str, int, float, int]:
+    """What a row's figures are grouped by: method, gamma (0 for the baseline),
+    temperature, batch size."""
+    return self.method, self.gamma or 0, self.temperature, self.batch_size
+
+  @property
+  def verify_calls(self) -> int:
+    return self.target_calls - 1
+
+
+_TEXT = ('prompt_id', 'category', 'method')
+_COUNTS = ('new_tokens',)
+_SPECULATIVE = ('gamma', 'target_calls', 'accepted_tokens', 'drafted_tokens')
+
+
+def read_rows(directory: str) -> list[Row]:
+  """Every row of every `*.jsonl` in `directory` (not its subfolders), in file order.
+
+  The same row in two files (equal fingerprints, or equal rows) counts once;
+  two different rows for one prompt and setting are an error, since which
+  one a figure should use is the reader's call.
+  """
+  if not os.path.isdir(directory):
+    raise ReportError(f'{directory}: no such directory')
+  paths = sorted(glob.glob(os.path.join(directory, '*.jsonl')))
+  if not paths:
+    raise ReportError(f'{directory}: no *.jsonl result files (run_experiment writes results.jsonl)')
+  rows, seen = [], {}
+  for path in paths:
+    for row, raw in _read_file(path):
+      key = (row.prompt_id, *row.setting)
+      if key in seen:
+        first, first_raw = seen[key]
+        if raw == first_raw or (row.fingerprint and row.fingerprint == first.fingerprint):
+          continue
+        raise ReportError(
+            f'{first.where} and {row.where} are both prompt {row.prompt_id!r}, method '
+            f'{row.method!r}, gamma {row.gamma}, temperature {row.temperature}, batch size '
+            f'{row.batch_size}, but differ (fingerprints {first.fingerprint} and '
+            f'{row.fingerprint}); keep one of them in {directory}')
+      seen[key] = row, raw
+      rows.append(row)
+  if not rows:
+    raise ReportError(f'{directory}: the *.jsonl files hold no rows')
+  return rows
+
+
+def _read_file(path: str):
+  with open(path, encoding='utf-8') as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      where = f'{path}:{number}'
+      try:
+        raw = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ReportError(f'{where}: not valid JSON ({e.msg})') from None
+      if not isinstance(raw, dict):
+        raise ReportError(f'{where}: a row must be a JSON object')
+      yield _row(raw, where), raw
+
+
+def _row(raw: dict[str, Any], where: str) -> Row:
+  def need(key, kind, minimum=None):
+    if key not in raw or raw[key] is None:
+      raise ReportError(f'{where}: the row has no {key!r}')
+    value = raw[key]
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if not ok or (minimum is not None and value < minimum):
+      wanted = {str: 'a string', int: 'an integer'}.get(kind, 'a number')
+      bound = f' >= {minimum}' if minimum is not None else ''
+      raise ReportError(f'{where}: {key!r} must be {wanted}{bound}, got {value!r}')
+    return value
+
+  for key in _TEXT:
+    need(key, str)
+  fields = dict(
+      where=where, prompt_id=raw['prompt_id'], category=raw['category'], method=raw['method'],
+      temperature=float(need('temperature', (int, float), 0)),
+      batch_size=need('batch_size', int, 1) if 'batch_size' in raw else 1,
+      new_tokens=need('new_tokens', int, 0), wall_s=float(need('wall_s', (int, float), 0)),
+      fingerprint=raw.get('fingerprint'))
+  if raw['method'] == BASELINE:
+    return Row(**fields)
+  fields.update(gamma=need('gamma', int, 1), target_calls=need('target_calls', int, 1),
+                accepted_tokens=need('accepted_tokens', int, 0),
+                drafted_tokens=need('drafted_tokens', int, 0))
+  if fields['accepted_tokens'] > fields['gamma'] * (fields['target_calls'] - 1):
+    raise ReportError(f'{where}: {fields["accepted_tokens"]} accepted drafts in '
+                      f'{fields["target_calls"] - 1} verify calls of gamma {fields["gamma"]}')
+  by_position = raw.get('acceptance_by_position')
+  if by_position is not None:
+    if (not isinstance(by_position, list) or len(by_position) != fields['gamma']
+        or not all(isinstance(n, int) and n >= 0 for n in by_position)):
+      raise ReportError(f'{where}: acceptance_by_position must be gamma '
+                        f'({fields["gamma"]}) counts, got {by_position!r}')
+    fields['acceptance_by_position'] = tuple(by_position)
+  return Row(**fields)

@@ -1,0 +1,232 @@
+"""Reports from result files alone: exact tables from a fixed fixture, real PNGs, clear errors.
+
+tests/fixtures/report holds hand-made rows (two prompts; the baseline, n-gram
+at gamma 2 and 4 and early exit at gamma 2 at batch size 1 in results.jsonl,
+and the baseline and n-gram at batch size 2 in a second file, as a sweep
+might write). Their counts are chosen so every figure can be checked by hand:
+e.g. n-gram at gamma 2 makes 60 tokens in 0.5 s against the baseline's 60 in
+1.5 s (3.00x; the mean of per-prompt rates would give 3.43x), with 36
+accepted drafts in 22 verify calls, so alpha solves alpha + alpha^2 = 36/22
+(0.873).
+"""
+
+import json
+import pathlib
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from specjax import report
+from specjax.reports import rows as rows_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / 'tests' / 'fixtures' / 'report'
+COSTS = {'ngram': 0.0, 'early_exit': 0.25}
+PLOTS = ('speedup_vs_gamma.png', 'accepted_per_task.png', 'acceptance_by_position.png',
+         'predicted_vs_measured.png', 'speedup_vs_batch_size.png')
+
+
+def section(text, title):
+  """The lines of a section of report.md, its heading and image link left out."""
+  body = text.split(f'## {title}\n\n', 1)[1].split('\n## ', 1)[0]
+  kept = '\n'.join(line for line in body.splitlines() if not line.startswith('!['))
+  return kept.strip().split('\n')
+
+
+@pytest.fixture(scope='module')
+def made(tmp_path_factory):
+  out = tmp_path_factory.mktemp('report')
+  path = report.write_report(str(FIXTURE), str(out), COSTS, command='cmd')
+  return out, pathlib.Path(path).read_text(encoding='utf-8')
+
+
+def test_header_names_the_command_and_the_files(made):
+  _, text = made
+  assert text.startswith('# Report: report\n\nCommand: `cmd`  \n'
+                         'Rows: 12, from results.jsonl (8), sweep_batch2.jsonl (4).\n')
+
+
+def test_speedup_against_gamma_table(made):
+  assert section(made[1], 'Speedup against gamma') == [
+      '| method | gamma | temperature | batch size | prompts | tokens/s | speedup | '
+      'acceptance rate | mean accepted tokens | alpha |',
+      '|---|---|---|---|---|---|---|---|---|---|',
+      '| autoregressive | - | 0 | 1 | 2 | 40.0 | 1.00x | - | - | - |',
+      '| autoregressive | - | 0 | 2 | 2 | 50.0 | 1.00x | - | - | - |',
+      '| early_exit | 2 | 0 | 1 | 2 | 80.0 | 2.00x | 0.467 | 1.88 | 0.588 |',
+      '| ngram | 2 | 0 | 1 | 2 | 120.0 | 3.00x | 0.818 | 2.50 | 0.873 |',
+      '| ngram | 2 | 0 | 2 | 2 | 100.0 | 2.00x | 0.818 | 2.50 | 0.873 |',
+      '| ngram | 4 | 0 | 1 | 2 | 150.0 | 3.75x | 0.786 | 3.75 | 0.906 |',
+  ]
+
+
+def test_per_task_table(made):
+  assert section(made[1], 'Mean accepted tokens per task')[2:] == [
+      '| task | early_exit@2 b=1 | ngram@2 b=1 | ngram@2 b=2 | ngram@4 b=1 |',
+      '|---|---|---|---|---|',
+      '| code | 1.90 | 2.86 | 2.86 | 4.44 |',   # 40 tokens / 21, 14, 14 and 9 calls
+      '| qa | 1.82 | 2.00 | 2.00 | 2.86 |',
+      '| all | 1.88 | 2.50 | 2.50 | 3.75 |',
+  ]
+
+
+def test_acceptance_by_position_table(made):
+  assert section(made[1], 'Acceptance by draft position')[2:] == [
+      '| method | gamma | temperature | batch size | 1 | 2 | 3 | 4 |',
+      '|---|---|---|---|---|---|---|---|',
+      '| early_exit | 2 | 0 | 1 | 0.600 | 0.333 | - | - |',  # [18, 10] / 30 calls
+      '| ngram | 2 | 0 | 1 | 0.864 | 0.773 | - | - |',
+      '| ngram | 2 | 0 | 2 | 0.864 | 0.773 | - | - |',
+      '| ngram | 4 | 0 | 1 | 0.929 | 0.857 | 0.714 | 0.643 |',
+  ]
+
+
+def test_predicted_against_measured_table(made):
+  lines = section(made[1], 'Predicted against measured speedup')
+  assert 'early_exit 0.25, ngram 0' in lines[0]
+  assert lines[2:] == [
+      '| method | gamma | temperature | batch size | alpha | c | predicted | measured | '
+      'measured / predicted |',
+      '|---|---|---|---|---|---|---|---|---|',
+      # (1 + 28/30) / (1 + 2 x 0.25): early exit's alpha + alpha^2 is 28/30.
+      '| early_exit | 2 | 0 | 1 | 0.588 | 0.25 | 1.29x | 2.00x | 1.55 |',
+      '| ngram | 2 | 0 | 1 | 0.873 | 0 | 2.64x | 3.00x | 1.14 |',
+      '| ngram | 2 | 0 | 2 | 0.873 | 0 | 2.64x | 2.00x | 0.76 |',
+      '| ngram | 4 | 0 | 1 | 0.906 | 0 | 4.14x | 3.75x | 0.91 |',
+  ]
+
+
+def test_speedup_against_batch_size_table(made):
+  assert section(made[1], 'Speedup against batch size')[2:] == [
+      '| method | gamma | temperature | batch 1 | batch 2 |',
+      '|---|---|---|---|---|',
+      '| early_exit | 2 | 0 | 2.00x | - |',
+      '| ngram | 2 | 0 | 3.00x | 2.00x |',
+      '| ngram | 4 | 0 | 3.75x | - |',
+  ]
+
+
+def test_a_method_without_a_cost_is_left_out_of_the_prediction(tmp_path):
+  path = report.write_report(str(FIXTURE), str(tmp_path), plots=False)
+  lines = section(pathlib.Path(path).read_text(), 'Predicted against measured speedup')
+  assert [line.split(' | ')[0] for line in lines[4:]] == ['| ngram'] * 3
+  assert not list(tmp_path.glob('*.png'))
+
+
+def test_plots_are_png_files_linked_from_the_report(made):
+  out, text = made
+  for name in PLOTS:
+    data = (out / name).read_bytes()
+    assert data[:8] == b'\x89PNG\r\n\x1a\n', name
+    width, height = struct.unpack('>II', data[16:24])  # the IHDR chunk
+    assert width >= 400 and height >= 300, name
+    assert len(data) > 10_000, name  # axes, lines and labels, not a blank canvas
+    assert f']({name})' in text
+
+
+def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, 'matplotlib', None)
+  monkeypatch.setitem(sys.modules, 'matplotlib.figure', None)
+  with pytest.raises(rows_lib.ReportError, match=r"'report' extra.*\.\[report\]"):
+    report.write_report(str(FIXTURE), str(tmp_path))
+
+
+def copy_fixture(tmp_path):
+  directory = tmp_path / 'rows'
+  shutil.copytree(FIXTURE, directory)
+  return directory
+
+
+def replace_line(path, number, text):
+  lines = path.read_text(encoding='utf-8').splitlines()
+  lines[number - 1] = text
+  path.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+
+
+def first_row(field_changes, drop=()):
+  row = json.loads((FIXTURE / 'results.jsonl').read_text().splitlines()[2])  # n-gram, p1
+  row.update(field_changes)
+  for key in drop:
+    row.pop(key)
+  return json.dumps(row)
+
+
+@pytest.mark.parametrize('line, message', [
+    ('{"prompt_id": "p1", ', 'not valid JSON'),
+    ('[1, 2]', 'a JSON object'),
+    (first_row({}, drop=('wall_s',)), "has no 'wall_s'"),
+    (first_row({}, drop=('accepted_tokens',)), "has no 'accepted_tokens'"),
+    (first_row({'new_tokens': 'forty'}), "'new_tokens' must be an integer"),
+    (first_row({'wall_s': -1}), "'wall_s' must be a number >= 0"),
+    (first_row({'gamma': 0}), "'gamma' must be an integer >= 1"),
+    (first_row({'accepted_tokens': 27}), '27 accepted drafts in 13 verify calls of gamma 2'),
+    (first_row({'acceptance_by_position': [1, 2, 3]}), 'acceptance_by_position must be gamma'),
+])
+def test_a_bad_line_is_an_error_naming_file_and_line(tmp_path, line, message):
+  directory = copy_fixture(tmp_path)
+  replace_line(directory / 'sweep_batch2.jsonl', 3, line)
+  with pytest.raises(rows_lib.ReportError, match=message) as error:
+    report.write_report(str(directory), str(tmp_path / 'out'), plots=False)
+  assert str(error.value).startswith(f'{directory / "sweep_batch2.jsonl"}:3: ')
+
+
+def test_missing_or_empty_directory_is_an_error(tmp_path):
+  with pytest.raises(rows_lib.ReportError, match='no such directory'):
+    report.write_report(str(tmp_path / 'absent'))
+  with pytest.raises(rows_lib.ReportError, match=r'no \*\.jsonl'):
+    report.write_report(str(tmp_path))
+  (tmp_path / 'results.jsonl').write_text('\n')
+  with pytest.raises(rows_lib.ReportError, match='hold no rows'):
+    report.write_report(str(tmp_path))
+
+
+def test_speedup_is_over_the_prompts_both_ran(tmp_path):
+  directory = copy_fixture(tmp_path)
+  lines = (FIXTURE / 'results.jsonl').read_text().splitlines()
+  (directory / 'results.jsonl').write_text('\n'.join(lines[:5] + lines[6:]) + '\n')  # no p2 @4
+  path = report.write_report(str(directory), str(tmp_path / 'out'), plots=False)
+  # 40 tokens in 0.25 s against the baseline's 40 in 0.9 s on p1.
+  assert '| ngram | 4 | 0 | 1 | 1 | 160.0 | 3.60x |' in pathlib.Path(path).read_text()
+
+
+def test_a_row_copied_into_two_files_counts_once(tmp_path):
+  directory = copy_fixture(tmp_path)
+  lines = (FIXTURE / 'results.jsonl').read_text().splitlines()
+  (directory / 'copy.jsonl').write_text(lines[2] + '\n' + lines[0] + '\n')
+  path = report.write_report(str(directory), str(tmp_path / 'out'), COSTS, plots=False,
+                             command='cmd')
+  text = pathlib.Path(path).read_text()
+  # Files are read in name order; a row counts where it was first seen.
+  assert 'Rows: 12, from copy.jsonl (2), results.jsonl (6), sweep_batch2.jsonl (4).' in text
+  assert '| ngram | 2 | 0 | 1 | 2 | 120.0 | 3.00x |' in text
+
+
+def test_two_different_rows_for_one_prompt_and_setting_are_an_error(tmp_path):
+  directory = copy_fixture(tmp_path)
+  (directory / 'other.jsonl').write_text(first_row({'fingerprint': 'elsewhere'}) + '\n')
+  with pytest.raises(rows_lib.ReportError, match=r'other\.jsonl:1 and .*results\.jsonl:3'):
+    report.write_report(str(directory), plots=False)
+
+
+def test_cost_ratio_flag():
+  assert report.parse_cost_ratios('ngram=0,early_exit=0.25') == COSTS
+  assert report.parse_cost_ratios('') == {}
+  for bad in ('ngram', 'ngram=-1', '=0.5', 'ngram=cheap'):
+    with pytest.raises(rows_lib.ReportError, match='method=c'):
+      report.parse_cost_ratios(bad)
+
+
+def test_command_line(tmp_path):
+  run = lambda *args: subprocess.run([sys.executable, '-m', 'specjax.report', *args], cwd=ROOT,
+                                     capture_output=True, text=True)
+  done = run(str(FIXTURE), f'--out={tmp_path}', '--noplots')
+  assert done.returncode == 0, done.stderr
+  text = (tmp_path / 'report.md').read_text()
+  assert f'Command: `python -m specjax.report {FIXTURE} --out={tmp_path} --noplots`' in text
+  failed = run(str(tmp_path / 'absent'))
+  assert failed.returncode == 1
+  assert f'error: {tmp_path / "absent"}: no such directory' in failed.stderr
+  assert 'Traceback' not in failed.stderr

@@ -53,11 +53,16 @@ def get_config(arg=None):
   c.mesh_model = 1
   # Speculative decoding.
   c.drafters = ('ngram',)       # any of 'ngram', 'draft_model', 'early_exit'
-  c.gamma = 4                   # tokens drafted per target call
-  c.ngram_max = 3
-  c.ngram_min = 1
-  c.draft_model = ''            # checkpoint of the 'draft_model' drafter
-  c.early_exit_layers = 4       # target layers the 'early_exit' drafter runs
+  c.gamma = 4                   # the most tokens drafted per target call
+  # Per step, each row verifies as many drafts as its evidence supports and the
+  # call's width maximises expected tokens per measured cost (0 = a plain step);
+  # adaptive=False verifies gamma drafts every step. Empty buckets: 0, ~gamma/2,
+  # gamma; empty costs: measured on this device for each batch shape.
+  c.draft_length = dict(adaptive=True, buckets=(), costs=())
+  # Each drafter's settings, checked where it is built (specjax/drafters/<name>.py).
+  c.ngram = dict(max_n=3, min_n=1)
+  c.draft_model = dict(checkpoint='', min_confidence=0.0)
+  c.early_exit = dict(layers=4, min_confidence=0.0)
   c.update(parse_arg(arg, c))
   return c
 
@@ -66,10 +71,10 @@ def get_sweep(arg=None):
   """Every drafter at every gamma, as overrides of get_config(arg).
 
   'draft_model' joins only when the arg names its checkpoint
-  (`:draft_model=/path/to/draft.gguf`); the others need nothing extra.
+  (`:draft_model.checkpoint=/path/to/draft.gguf`); the others need nothing extra.
   """
   drafters = ['ngram', 'early_exit']
-  if get_config(arg).draft_model:
+  if get_config(arg).draft_model.checkpoint:
     drafters.append('draft_model')
   return [dict(drafters=(name,), gamma=gamma)
           for name, gamma in itertools.product(drafters, (2, 4, 6, 8))]
@@ -85,10 +90,17 @@ def parse_arg(arg, defaults):
       overrides.update(VARIANTS[part])
       continue
     key, value = part.split('=', 1)
-    if key not in defaults:
+    *parents, leaf = key.split('.')
+    node, target = defaults, overrides
+    for name in parents:   # 'ngram.max_n=4' sets one key of a nested entry
+      if name not in node or not hasattr(node[name], 'keys'):
+        raise ValueError(f'unknown config key {key!r} in the config arg')
+      node = node[name]
+      target = target.setdefault(name, dict(node))
+    if leaf not in node:
       raise ValueError(f'unknown config key {key!r} in the config arg; known: '
-                       f'{", ".join(defaults)}')
-    overrides[key] = _cast(key, value, defaults[key])
+                       f'{", ".join(node)}')
+    target[leaf] = _cast(key, value, node[leaf])
   return overrides
 
 

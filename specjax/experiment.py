@@ -112,12 +112,12 @@ def _run_method(method, cfg: ExperimentConfig, prompts, results, loaded, baselin
     batch = pending[start:start + cfg.batch_size]
     ids = [token_ids[p.id] for p in batch]
     row_ids = [zlib.crc32(p.id.encode()) for p in batch]  # the rng stream follows the prompt
-    bucket = runner.bucket(ids)
-    if bucket not in compiled:
-      logging.info('%s: compiling shape bucket %s (untimed run)', method, bucket)
-      runner.run(ids, row_ids)
-      compiled.add(bucket)
-    out = runner.run(ids, row_ids)
+    packed = runner.pack(ids, row_ids)
+    if packed.bucket not in compiled:
+      logging.info('%s: compiling shape bucket %s (untimed run)', method, packed.bucket)
+      runner.run(packed)
+      compiled.add(packed.bucket)
+    out = runner.run(packed)
     for p, prompt_ids, new_ids, stats in zip(batch, ids, out.new_tokens, out.stats):
       row = _row(cfg, method, fingerprint, p, prompt_ids, new_ids, out.wall_s / len(batch),
                  out.wall_s, tokenizer, eos_ids, stats, baseline)

@@ -23,6 +23,7 @@ import scipy.stats
 from specjax.decoding import acceptance
 from specjax.decoding import autoregressive
 from specjax import sampling as sampling_lib
+from specjax.decoding import draft_length
 from specjax.decoding import speculative
 from specjax.drafters import make_drafter
 
@@ -150,9 +151,16 @@ NGRAM = make_drafter('ngram', target=TOY)
 ARGMAX = toy_models.argmax_table_drafter(DRAFT_TABLE)
 
 
-def run_speculative(drafter, cfg, gamma, *, prompt=PROMPT, seed=0):
+def run_speculative(drafter, cfg, gamma, *, prompt=PROMPT, seed=0, adaptive=False):
+  """Fixed gamma, or the adaptive policy with cheap calls: rows then verify 0, about
+  gamma / 2 or gamma drafts by their evidence and acceptance history."""
+  if adaptive:
+    buckets = draft_length.default_buckets(gamma)
+    policy = draft_length.Policy(buckets, tuple(1.0 + 0.01 * n for n in buckets))
+  else:
+    policy = draft_length.fixed(gamma)
   out = speculative.generate(TOY, TARGET_TABLE, drafter, [prompt] * NUM_SAMPLES, gamma=gamma,
-                             max_new_tokens=NUM_NEW, sampling=cfg, seed=seed)
+                             max_new_tokens=NUM_NEW, sampling=cfg, seed=seed, policy=policy)
   return out
 
 
@@ -166,19 +174,23 @@ def test_autoregressive_sampler_is_exact(config):
   assert p_value > P_VALUE_OK, p_value
 
 
-@pytest.mark.parametrize('drafter_name,config,gamma', [
-    ('draft_model', 't1', 2),      # full acceptance gives the bonus token at position 4
-    ('draft_model', 't07', 3),     # the token budget ends mid-block
-    ('draft_model', 'topk', 2),
-    ('draft_model', 'topp', 1),
-    ('ngram', 't1', 3),            # deterministic drafter: one-hot q
-    ('argmax', 'topk_topp_t08', 2),
+@pytest.mark.parametrize('drafter_name,config,gamma,adaptive', [
+    ('draft_model', 't1', 2, False),   # full acceptance gives the bonus token at position 4
+    ('draft_model', 't07', 3, False),  # the token budget ends mid-block
+    ('draft_model', 'topk', 2, False),
+    ('draft_model', 'topp', 1, False),
+    ('ngram', 't1', 3, False),         # deterministic drafter: one-hot q
+    ('argmax', 'topk_topp_t08', 2, False),
+    # Adaptive draft length: rows verify 0 (a plain step), 2 or 3 / 4 drafts.
+    ('draft_model', 't1', 3, True),
+    ('ngram', 't1', 4, True),
+    ('draft_model', 'topp', 4, True),
 ])
-def test_speculative_sampling_is_exact(drafter_name, config, gamma):
+def test_speculative_sampling_is_exact(drafter_name, config, gamma, adaptive):
   cfg = CONFIGS[config]
   drafter = {'draft_model': DRAFT_MODEL, 'ngram': NGRAM, 'argmax': ARGMAX}[drafter_name]
   prompt = NGRAM_PROMPT if drafter_name == 'ngram' else PROMPT
-  out = run_speculative(drafter, cfg, gamma, prompt=prompt, seed=gamma)
+  out = run_speculative(drafter, cfg, gamma, prompt=prompt, seed=gamma, adaptive=adaptive)
   p_value, impossible = check_exact(out.new_tokens, cfg)
   assert impossible == 0
   assert p_value > P_VALUE_OK, p_value
@@ -192,7 +204,7 @@ def test_speculative_sampling_is_exact(drafter_name, config, gamma):
 def _wrong_rule(*, accept_with_p=False, correction_from_p=False, bonus_at_previous=False,
                 lockstep=False, accept_scale=1.0):
 
-  def rule(draft_BxG, draft_probs_BxGxV, target_probs_BxG1xV, keys_B):
+  def rule(draft_BxG, draft_probs_BxGxV, target_probs_BxG1xV, keys_B, num_drafts_B=None):
     batch, gamma = draft_BxG.shape
     vocab = target_probs_BxG1xV.shape[-1]
     p_draft_BxG = jnp.take_along_axis(target_probs_BxG1xV[:, :gamma], draft_BxG[..., None],

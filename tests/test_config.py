@@ -58,7 +58,7 @@ def test_sweep_is_drafter_by_gamma_and_every_point_is_valid():
     config = module.get_config()
     config.update(point)
     config_lib.ExperimentConfig.from_config(config)
-  with_draft = module.get_sweep(f'draft_model={CONFIG_PATH}')
+  with_draft = module.get_sweep(f'draft_model.checkpoint={CONFIG_PATH}')
   assert len(with_draft) == 12 and with_draft[-1]['drafters'] == ('draft_model',)
 
 
@@ -96,7 +96,7 @@ def test_run_reports_an_unknown_key_plainly():
     ('model', 'embedded:gemma9-1t'), ('model', '/no/such/checkpoint.gguf'),
     ('drafters', ('ngram', 'medusa')), ('drafters', ('ngram', 'ngram')),
     ('prompts', '/no/such/prompts.jsonl'), ('tokenizer', '/no/such/tokenizer.model'),
-    ('ngram_min', 0), ('ngram_max', 0), ('early_exit_layers', 0), ('mesh_data', 0),
+    ('mesh_data', 0),
     ('mesh_model', 0), ('max_cache_len', 0), ('output_dir', ''),
     ('gamma', '4'), ('batch_size', 2.0), ('chat_template', 'yes'), ('resume', 1),
 ])
@@ -112,8 +112,32 @@ def test_draft_model_drafter_needs_a_checkpoint():
   values['drafters'] = ('draft_model',)
   with pytest.raises(ValueError, match='draft_model'):
     config_lib.ExperimentConfig.from_config(values)
-  values['draft_model'] = 'embedded:gemma3-270m'
-  assert config_lib.ExperimentConfig.from_config(values).draft_model == 'embedded:gemma3-270m'
+  values['draft_model'] = dict(checkpoint='embedded:gemma3-270m')
+  assert config_lib.ExperimentConfig.from_config(values).draft_model == {
+      'checkpoint': 'embedded:gemma3-270m'}
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('ngram', {'max_n': 3, 'min_n': 0}, r'config.ngram.min_n / max_n need 1 <= min_n'),
+    ('ngram', {'maxn': 3}, r'config.ngram has unknown setting\(s\) maxn'),
+    ('early_exit', {'layers': 0}, r'config.early_exit.layers must be >= 1, got 0'),
+    ('early_exit', {'layers': 'four'}, r"config.early_exit.layers must be a int, got 'four'"),
+    ('draft_length', {'adaptive': 'yes'}, r'config.draft_length.adaptive must be a bool'),
+    ('draft_length', {'buckets': (1, 4)}, r'config.draft_length.buckets must include 0'),
+    ('draft_length', {'speed': 1}, r'config.draft_length has unknown setting\(s\) speed'),
+])
+def test_bad_nested_settings_fail_before_anything_loads(key, value, message):
+  values = get_config().to_dict()
+  values[key] = value
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.ExperimentConfig.from_config(values)
+
+
+def test_nested_settings_from_the_config_arg():
+  config = get_config('ngram.max_n=5,early_exit.layers=6')
+  assert config.ngram.max_n == 5 and config.ngram.min_n == 1 and config.early_exit.layers == 6
+  with pytest.raises(ValueError, match="unknown config key 'ngram.maxn'"):
+    get_config('ngram.maxn=5')
 
 
 def test_unknown_and_missing_keys_fail_when_called_from_python():

@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 ROW_FIELDS = {'prompt_id', 'category', 'method', 'temperature', 'prompt_tokens', 'new_tokens',
               'wall_s', 'tokens_per_s', 'output_ids', 'text'}
-SPECULATIVE_FIELDS = {'gamma', 'target_calls', 'drafted_tokens', 'accepted_tokens',
+SPECULATIVE_FIELDS = {'gamma', 'target_calls', 'plain_calls', 'drafted_tokens', 'accepted_tokens',
                       'acceptance_by_position', 'identical_to_baseline'}
 
 
@@ -119,7 +119,7 @@ def read_rows(config):
 
 
 def test_tiny_run_writes_rows_and_summaries(tmp_path):
-  config = tiny_config(tmp_path, drafters=('ngram', 'early_exit'), early_exit_layers=2)
+  config = tiny_config(tmp_path, drafters=('ngram', 'early_exit'), early_exit=dict(layers=2))
   summary = experiment.run_experiment(config)
   out = pathlib.Path(config.output_dir)
   rows = read_rows(config)
@@ -162,13 +162,17 @@ def test_resume_skips_rows_already_written(tmp_path, monkeypatch):
   computed = []
   real_ar, real_spec = methods.autoregressive.generate, methods.speculative.generate
 
-  def counting_ar(model, params, prompts, **kw):
-    computed.extend(('autoregressive', tuple(p)) for p in prompts)
-    return real_ar(model, params, prompts, **kw)
+  def prompts_of(packed):
+    return [tuple(row[:n]) for row, n in zip(packed.tokens_BxS[packed.active_B].tolist(),
+                                              packed.prompt_lengths)]
 
-  def counting_spec(model, params, drafter, prompts, **kw):
-    computed.extend(('ngram', tuple(p)) for p in prompts)
-    return real_spec(model, params, drafter, prompts, **kw)
+  def counting_ar(model, params, packed, **kw):
+    computed.extend(('autoregressive', p) for p in prompts_of(packed))
+    return real_ar(model, params, packed, **kw)
+
+  def counting_spec(model, params, drafter, packed, **kw):
+    computed.extend(('ngram', p) for p in prompts_of(packed))
+    return real_spec(model, params, drafter, packed, **kw)
 
   monkeypatch.setattr(methods.autoregressive, 'generate', counting_ar)
   monkeypatch.setattr(methods.speculative, 'generate', counting_spec)

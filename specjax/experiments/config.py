@@ -28,12 +28,10 @@ EMBEDDED_MODELS = (embedded.EMBEDDED_NAME,)
 # other values of these cannot be reused.
 SHARED_KEYS = ('model', 'tokenizer', 'prompts', 'max_new_tokens', 'temperature', 'top_k', 'top_p',
                 'seed', 'batch_size', 'chat_template', 'max_cache_len', 'mesh_data', 'mesh_model')
-# Keys each drafter's rows depend on, on top of the shared ones.
-_DRAFTER_KEYS = {
-    'ngram': ('gamma', 'ngram_max', 'ngram_min'),
-    'draft_model': ('gamma', 'draft_model'),
-    'early_exit': ('gamma', 'early_exit_layers'),
-}
+# Every drafter's rows also depend on the loop's draft-length settings and on
+# its own nested settings entry (named like the drafter).
+_LOOP_KEYS = ('gamma', 'draft_length')
+DRAFT_LENGTH_KEYS = {'adaptive': bool, 'buckets': tuple, 'costs': tuple}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +57,10 @@ class ExperimentConfig:
   mesh_model: int
   drafters: tuple[str, ...]
   gamma: int
-  ngram_max: int
-  ngram_min: int
-  draft_model: str
-  early_exit_layers: int
+  draft_length: dict
+  ngram: dict
+  draft_model: dict
+  early_exit: dict
 
   @classmethod
   def from_config(cls, config: Mapping[str, Any]) -> ExperimentConfig:
@@ -80,6 +78,9 @@ class ExperimentConfig:
       if isinstance(values[key], str):
         values[key] = (values[key],) if values[key] else ()
       values[key] = tuple(values[key])
+    for key in ('draft_length',) + drafters.DRAFTER_NAMES:
+      if hasattr(values[key], 'to_dict'):
+        values[key] = values[key].to_dict()
     return cls(**values)
 
   def __post_init__(self):
@@ -87,10 +88,14 @@ class ExperimentConfig:
     for key in ('limit', 'top_k'):
       _check(getattr(self, key) >= 0, key, 'must be >= 0 (0 switches it off)')
     for key in ('max_new_tokens', 'batch_size', 'max_cache_len', 'mesh_data', 'mesh_model',
-                'gamma', 'ngram_min', 'early_exit_layers'):
+                'gamma'):
       _check(getattr(self, key) >= 1, key, 'must be >= 1')
-    _check(self.ngram_max >= self.ngram_min, 'ngram_max',
-           f'must be >= ngram_min ({self.ngram_min})')
+    for name in drafters.DRAFTER_NAMES:  # every entry, so a typo fails even when unused
+      try:
+        drafters.settings_for(name, getattr(self, name))
+      except ValueError as e:
+        raise ConfigError(str(e)) from None
+    self._check_draft_length()
     try:
       self.sampling
     except ValueError as e:
@@ -98,8 +103,8 @@ class ExperimentConfig:
     _check(self.output_dir != '', 'output_dir', 'must name a directory')
     _check(self.model == TINY_RANDOM or _is_checkpoint(self.model), 'model',
            f'is {self.model!r}: not {TINY_RANDOM!r}, not embedded:NAME and not an existing path')
-    for key in ('model', 'draft_model'):
-      value = getattr(self, key)
+    for key, value in (('model', self.model),
+                       ('draft_model.checkpoint', self.draft_model.get('checkpoint', ''))):
       if value.startswith(EMBEDDED_PREFIX):
         _check(value in EMBEDDED_MODELS, key,
                f'names unknown embedded model {value!r}; known: {", ".join(EMBEDDED_MODELS)}')
@@ -111,10 +116,32 @@ class ExperimentConfig:
              f'holds unknown drafter {name!r}; known: {", ".join(DRAFTERS)}')
     _check(len(set(self.drafters)) == len(self.drafters), 'drafters', 'names a drafter twice')
     if 'draft_model' in self.drafters:
-      _check(self.draft_model != '', 'draft_model',
+      checkpoint = self.draft_model.get('checkpoint', '')
+      _check(checkpoint != '', 'draft_model.checkpoint',
              "must name a checkpoint when drafters include 'draft_model'")
-      _check(_is_checkpoint(self.draft_model), 'draft_model',
-             f'is {self.draft_model!r}: not embedded:NAME and not an existing path')
+      _check(_is_checkpoint(checkpoint), 'draft_model.checkpoint',
+             f'is {checkpoint!r}: not embedded:NAME and not an existing path')
+
+  def _check_draft_length(self):
+    values = self.draft_length
+    unknown = sorted(set(values) - set(DRAFT_LENGTH_KEYS))
+    _check(not unknown, 'draft_length', f'has unknown setting(s) {", ".join(unknown)}; known: '
+           f'{", ".join(DRAFT_LENGTH_KEYS)}')
+    for key, kind in DRAFT_LENGTH_KEYS.items():
+      value = values.get(key, kind())
+      _check(isinstance(value, (kind, list)) and (kind is bool) == isinstance(value, bool),
+             f'draft_length.{key}', f'must be a {kind.__name__}, got {value!r}')
+    buckets = tuple(values.get('buckets', ()))
+    costs = tuple(values.get('costs', ()))
+    _check(all(isinstance(b, int) and 0 <= b <= self.gamma for b in buckets),
+           'draft_length.buckets', f'must be draft counts in [0, gamma={self.gamma}], got {buckets}')
+    _check(not buckets or (0 in buckets and self.gamma in buckets), 'draft_length.buckets',
+           f'must include 0 (a plain step) and gamma={self.gamma}, got {buckets}')
+    _check(not costs or len(costs) == len(buckets), 'draft_length.costs',
+           'must be empty (measured) or one cost per bucket (set the buckets too)')
+
+  def drafter_settings(self, name: str):
+    return drafters.settings_for(name, getattr(self, name))
 
   @property
   def sampling(self) -> SamplingConfig:
@@ -127,7 +154,7 @@ class ExperimentConfig:
 
   def fingerprint(self, method: str = BASELINE) -> str:
     """A short hash of the settings `method`'s rows depend on (resume keys)."""
-    keys = SHARED_KEYS + _DRAFTER_KEYS.get(method, ())
+    keys = SHARED_KEYS + ((method,) + _LOOP_KEYS if method in DRAFTERS else ())
     return _hash({k: getattr(self, k) for k in keys})
 
   def to_dict(self) -> dict[str, Any]:
@@ -154,7 +181,8 @@ def _check(ok: bool, key: str, message: str) -> None:
 def _check_types(config: ExperimentConfig) -> None:
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
-    kind = {'int': int, 'float': (int, float), 'str': str, 'bool': bool}.get(field.type)
+    kind = {'int': int, 'float': (int, float), 'str': str, 'bool': bool,
+            'dict': dict}.get(field.type)
     if kind is None:  # tuple[str, ...]
       ok = all(isinstance(v, str) for v in value)
       kind_name = 'a tuple of names'

@@ -43,7 +43,7 @@ def _load(model: str, tokenizer_path: str, seed: int, mesh_data: int, mesh_model
 
 def load_draft_model(config: ExperimentConfig, target: language_model.LanguageModel):
   """(LanguageModel, params) of the 'draft_model' drafter, placed like the target."""
-  return _place(*checkpoints.load_checkpoint(config.draft_model), target.mesh)
+  return _place(*checkpoints.load_checkpoint(config.draft_model['checkpoint']), target.mesh)
 
 
 def _place(model_config, params, mesh):

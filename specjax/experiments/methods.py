@@ -9,13 +9,19 @@ bucket once, untimed, before the batches it times.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from specjax import drafters
+from absl import logging
+
 from specjax.decoding import autoregressive
 from specjax.decoding import batch as batch_lib
+from specjax.decoding import draft_length
+from specjax.decoding import program
 from specjax.decoding import speculative
+from specjax.decoding import step_costs
 from specjax.experiments import loading
 from specjax.experiments.config import BASELINE, ExperimentConfig
 
@@ -32,8 +38,8 @@ class BatchResult:
 
 @dataclasses.dataclass(frozen=True)
 class Runner:
-  run: Callable[[Sequence[Sequence[int]], Sequence[int]], BatchResult]   # (prompts, row_ids)
-  bucket: Callable[[Sequence[Sequence[int]]], tuple]                     # prompts -> shape key
+  run: Callable[[batch_lib.PromptBatch], BatchResult]
+  pack: Callable[..., batch_lib.PromptBatch]   # (prompts, row_ids) -> the batch to run
 
 
 def make_runner(method: str, model, params, config: ExperimentConfig,
@@ -43,41 +49,57 @@ def make_runner(method: str, model, params, config: ExperimentConfig,
   return _speculative(method, model, params, config, eos_ids)
 
 
-def _bucket_fn(model, config: ExperimentConfig, extra_slots: int):
-  """The shapes `batch.pack` gives a batch: they select the compiled program."""
-  max_slots = min(config.max_cache_len, model.config.max_position)
-
-  def bucket(prompts):
-    packed = batch_lib.pack(prompts, max_new_tokens=config.max_new_tokens,
-                            extra_slots=extra_slots, max_slots=max_slots,
-                            rows_multiple=model.data_parallelism)
-    return packed.tokens_BxS.shape, packed.prefill_len
-  return bucket
+def _packer(model, config: ExperimentConfig, extra_slots: int):
+  """Packs a batch once: its shapes select the compiled program, and the runner
+  runs the same PromptBatch."""
+  def pack(prompts, row_ids=None):
+    return program.pack(model, prompts, max_new_tokens=config.max_new_tokens,
+                        extra_slots=extra_slots, row_ids=row_ids,
+                        max_cache_len=config.max_cache_len)
+  return pack
 
 
 def _autoregressive(model, params, config: ExperimentConfig, eos_ids) -> Runner:
-  def run(prompts, row_ids):
+  def run(packed):
     out = autoregressive.generate(
-        model, params, prompts, max_new_tokens=config.max_new_tokens, sampling=config.sampling,
-        eos_ids=eos_ids, seed=config.seed, row_ids=row_ids, max_cache_len=config.max_cache_len)
-    return BatchResult(out.new_tokens, out.wall_s, [{} for _ in prompts])
-  return Runner(run, _bucket_fn(model, config, extra_slots=1))
+        model, params, packed, max_new_tokens=config.max_new_tokens, sampling=config.sampling,
+        eos_ids=eos_ids, seed=config.seed)
+    return BatchResult(out.new_tokens, out.wall_s, [{} for _ in out.new_tokens])
+  return Runner(run, _packer(model, config, extra_slots=1))
 
 
 def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runner:
   drafter = drafters.make_drafter(
-      name, target=model, ngram_max=config.ngram_max, ngram_min=config.ngram_min,
-      draft_model=loading.load_draft_model(config, model) if name == 'draft_model' else None,
-      early_exit_layers=config.early_exit_layers)
+      name, target=model, settings=config.drafter_settings(name),
+      draft_model=loading.load_draft_model(config, model) if name == 'draft_model' else None)
+  policy_for = functools.cache(functools.partial(_policy, model, params, config))
 
-  def run(prompts, row_ids):
+  def run(packed):
     out = speculative.generate(
-        model, params, drafter, prompts, gamma=config.gamma,
+        model, params, drafter, packed, gamma=config.gamma,
         max_new_tokens=config.max_new_tokens, sampling=config.sampling, eos_ids=eos_ids,
-        seed=config.seed, row_ids=row_ids, max_cache_len=config.max_cache_len)
+        seed=config.seed, policy=policy_for(packed.tokens_BxS.shape))
     stats = [dict(gamma=config.gamma, target_calls=out.target_calls[i],
-                  drafted_tokens=out.drafted_tokens[i], accepted_tokens=out.accepted_tokens[i],
+                  plain_calls=out.plain_calls[i], drafted_tokens=out.drafted_tokens[i],
+                  accepted_tokens=out.accepted_tokens[i],
                   acceptance_by_position=out.accepted_at_position[i])
-             for i in range(len(prompts))]
+             for i in range(len(out.new_tokens))]
     return BatchResult(out.new_tokens, out.wall_s, stats)
-  return Runner(run, _bucket_fn(model, config, extra_slots=config.gamma + 1))
+  return Runner(run, _packer(model, config, extra_slots=config.gamma + 1))
+
+
+def _policy(model, params, config: ExperimentConfig, shape_BxS: tuple[int, int]
+            ) -> draft_length.Policy:
+  """The draft-length policy for one batch shape: costs measured on this device at
+  this batch size and cache length unless the config gives them."""
+  settings = config.draft_length
+  if not settings.get('adaptive', True):
+    return draft_length.fixed(config.gamma)
+  buckets = tuple(settings.get('buckets', ())) or draft_length.default_buckets(config.gamma)
+  costs = tuple(settings.get('costs', ()))
+  if not costs:
+    batch, num_slots = shape_BxS
+    costs = step_costs.measure(model, params, buckets, batch=batch, num_slots=num_slots)
+    logging.info('verify-call costs for batch %d, %d slots, drafts %s: %s', batch, num_slots,
+                 buckets, ', '.join(f'{c:.2f}' for c in costs))
+  return speculative.make_policy(config.gamma, shape_BxS[0], buckets=buckets, costs=costs)

@@ -21,6 +21,7 @@ sweep of `get_sweep()` runs with `python -m specjax.run
 import itertools
 
 import ml_collections
+from ml_collections import config_dict
 
 # Every variant is a set of overrides on the defaults below.
 VARIANTS = {
@@ -47,7 +48,9 @@ def get_config(arg=None):
   c.batch_size = 1
   c.output_dir = 'results/gemma'
   c.resume = True               # skip rows already in output_dir/results.jsonl
-  c.chat_template = True        # wrap each prompt in Gemma's user/model turns
+  # Wrap each prompt in Gemma's user/model turns: True, False, or 'auto' = only when the
+  # checkpoint carries a chat template (instruction-tuned); base models get raw text.
+  c.chat_template = config_dict.FieldReference('auto', field_type=object)
   c.max_cache_len = 4096
   c.mesh_data = 1
   c.mesh_model = 1
@@ -93,6 +96,10 @@ def parse_arg(arg, defaults):
 
 
 def _cast(key, value, default):
+  if key == 'chat_template':
+    if value.lower() not in ('auto', 'true', 'false'):
+      raise ValueError(f"config key 'chat_template' takes auto, true or false, got {value!r}")
+    return 'auto' if value.lower() == 'auto' else value.lower() == 'true'
   if isinstance(default, tuple):
     return tuple(filter(None, value.split('+')))
   if isinstance(default, bool):

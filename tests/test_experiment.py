@@ -78,19 +78,25 @@ def test_a_bad_line_names_file_and_line(tmp_path, bad_line, message):
   assert f'{path}:2' in str(error.value)
 
 
-def test_builtin_prompts_cover_six_categories():
+SPEC_BENCH_TASKS = ('writing', 'roleplay', 'reasoning', 'math', 'coding', 'extraction', 'stem',
+                    'humanities', 'translation', 'summarization', 'qa', 'math_reasoning', 'rag')
+
+
+def test_builtin_prompts_are_one_completion_per_spec_bench_task():
   prompts = prompts_lib.load_prompts()
   counts = collections.Counter(p.category for p in prompts)
-  assert counts == {c: 2 for c in ('code', 'summarization', 'qa', 'translation', 'math', 'chat')}
-  assert len({p.id for p in prompts}) == len(prompts) == 12
+  assert counts == {task: 1 for task in SPEC_BENCH_TASKS}
+  assert len({p.id for p in prompts}) == len(prompts) == 13
   # The first four (the :quick variant) span four categories.
   assert len({p.category for p in prompts[:4]}) == 4
+  # Text for a base model to continue, not instructions in chat markup.
+  assert not any('<start_of_turn>' in p.text or '<bos>' in p.text for p in prompts)
 
 
 def test_select_by_category_then_limit():
   prompts = prompts_lib.load_prompts()
-  picked = prompts_lib.select(prompts, ('math', 'qa'), limit=3)
-  assert [p.category for p in picked] == ['qa', 'math', 'qa']
+  picked = prompts_lib.select(prompts, ('qa', 'math', 'coding'), limit=2)
+  assert [p.category for p in picked] == ['coding', 'math']
   with pytest.raises(ValueError, match='poetry'):
     prompts_lib.select(prompts, ('poetry',))
 

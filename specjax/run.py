@@ -12,6 +12,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from specjax import compile_cache
 from specjax import experiment
 from specjax.checkpoints import CheckpointError
 from specjax.experiments.config import ConfigError
@@ -24,6 +25,7 @@ _SWEEP = flags.DEFINE_bool('sweep', False, "Run every override of the config's g
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  compile_cache.enable()
   try:
     _run()
   except (ConfigError, CheckpointError) as e:  # the user's to fix: no traceback

@@ -13,9 +13,11 @@ tuple key takes `+`-joined names):
   python -m specjax.run --config=configs/gemma.py:drafters=ngram+early_exit,gamma=6
 
 Scalars also go through flags, e.g. `--config.temperature=0.7
---config.prompts=/path/to/spec_bench/question.jsonl`. The drafter x gamma
-sweep of `get_sweep()` runs with `python -m specjax.run
---config=configs/gemma.py --sweep`.
+--config.prompts=/path/to/spec_bench/question.jsonl`. The sweep of
+`get_sweep()` (drafters x gamma x temperature x categories x batch size, one
+cell per combination) runs into output_dir with
+
+  python -m specjax.sweep --config=configs/gemma.py
 """
 
 import itertools
@@ -65,17 +67,28 @@ def get_config(arg=None):
   return c
 
 
-def get_sweep(arg=None):
-  """Every drafter at every gamma, as overrides of get_config(arg).
+# The sweep grid: each combination of these values is one cell, a dict of overrides of
+# get_config(arg). categories=() is the whole prompt set in one cell; list one-category
+# tuples, ('coding',), ('math',), ..., for a cell per task.
+SWEEP = dict(
+    drafters=[('ngram',), ('early_exit',)],
+    gamma=[2, 4, 6, 8],
+    temperature=[0.0],
+    categories=[()],
+    batch_size=[1],
+)
 
-  'draft_model' joins only when the arg names its checkpoint
+
+def get_sweep(arg=None):
+  """The cells of SWEEP, as overrides of get_config(arg).
+
+  'draft_model' joins the drafters only when the arg names its checkpoint
   (`:draft_model=/path/to/draft.gguf`); the others need nothing extra.
   """
-  drafters = ['ngram', 'early_exit']
+  axes = dict(SWEEP)
   if get_config(arg).draft_model:
-    drafters.append('draft_model')
-  return [dict(drafters=(name,), gamma=gamma)
-          for name, gamma in itertools.product(drafters, (2, 4, 6, 8))]
+    axes['drafters'] = axes['drafters'] + [('draft_model',)]
+  return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
 def parse_arg(arg, defaults):

@@ -69,23 +69,12 @@ def run_experiment_with_rows(config: Mapping[str, Any]
   return summary, all_rows
 
 
-def run_sweep(config: Mapping[str, Any], overrides: Sequence[Mapping[str, Any]]
+def run_sweep(config: Mapping[str, Any], sweep: Sequence[Mapping[str, Any]]
               ) -> list[dict[str, Any]]:
-  """Runs `config` once per override; writes sweep.json and sweep.md beside the results.
-
-  The points share output_dir, so rows are reused across them: the baseline
-  runs once, and a rerun of the sweep only computes what is missing.
-  """
-  base = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-  summaries = [run_experiment({**base, **override}) for override in overrides]
-  points = [dict(method=method, **fig) for s in summaries for method, fig in s['methods'].items()
-            if method != BASELINE or s is summaries[0]]
-  table = summary_lib.table({p['method'] if p['method'] == BASELINE else
-                             f'{p["method"]} gamma={p["gamma"]}': p for p in points})
-  results_lib.write_text(base['output_dir'], 'sweep.json', json.dumps(points, indent=2) + '\n')
-  results_lib.write_text(base['output_dir'], 'sweep.md', f'# Sweep\n\n{TIMING_NOTE}\n\n{table}\n')
-  print(f'\nSweep\n\n{table}')
-  return summaries
+  """`specjax.experiments.sweep_runner.run_sweep`, here too for notebooks that import it here."""
+  # Imported here: sweep_runner imports this module.
+  from specjax.experiments import sweep_runner  # pylint: disable=g-import-not-at-top
+  return sweep_runner.run_sweep(config, sweep)
 
 
 def _load(cfg: ExperimentConfig, prompts: Sequence[prompts_lib.Prompt],

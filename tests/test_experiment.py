@@ -214,23 +214,6 @@ def test_batches_give_each_prompt_the_tokens_it_gets_alone(tmp_path):
     assert row['output_ids'] == by_id[row['prompt_id']]['output_ids']
 
 
-def test_sweep_reuses_the_baseline(tmp_path, monkeypatch):
-  calls = collections.Counter()
-  real_ar = methods.autoregressive.generate
-
-  def counting_ar(*args, **kw):
-    calls['autoregressive'] += 1
-    return real_ar(*args, **kw)
-
-  monkeypatch.setattr(methods.autoregressive, 'generate', counting_ar)
-  config = tiny_config(tmp_path)
-  summaries = experiment.run_sweep(config, [dict(gamma=2), dict(gamma=3)])
-  assert [s['methods']['ngram']['gamma'] for s in summaries] == [2, 3]
-  assert calls['autoregressive'] == 3 + 1  # three prompts, one compile run; none in point two
-  sweep_md = (pathlib.Path(config.output_dir) / 'sweep.md').read_text()
-  assert '| ngram gamma=2 |' in sweep_md and '| ngram gamma=3 |' in sweep_md
-
-
 # ---------------------------------------------------------------- the real model
 
 

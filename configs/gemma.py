@@ -13,14 +13,17 @@ tuple key takes `+`-joined names):
   python -m specjax.run --config=configs/gemma.py:drafters=ngram+early_exit,gamma=6
 
 Scalars also go through flags, e.g. `--config.temperature=0.7
---config.prompts=/path/to/spec_bench/question.jsonl`. The drafter x gamma
-sweep of `get_sweep()` runs with `python -m specjax.run
---config=configs/gemma.py --sweep`.
+--config.prompts=/path/to/spec_bench/question.jsonl`. The sweep of
+`get_sweep()` (drafters x gamma x temperature x categories x batch size, one
+cell per combination) runs into output_dir with
+
+  python -m specjax.sweep --config=configs/gemma.py
 """
 
 import itertools
 
 import ml_collections
+from ml_collections import config_dict
 
 # Every variant is a set of overrides on the defaults below.
 VARIANTS = {
@@ -47,7 +50,9 @@ def get_config(arg=None):
   c.batch_size = 1
   c.output_dir = 'results/gemma'
   c.resume = True               # skip rows already in output_dir/results.jsonl
-  c.chat_template = True        # wrap each prompt in Gemma's user/model turns
+  # Wrap each prompt in Gemma's user/model turns: True, False, or 'auto' = only when the
+  # checkpoint carries a chat template (instruction-tuned); base models get raw text.
+  c.chat_template = config_dict.FieldReference('auto', field_type=object)
   c.max_cache_len = 4096
   c.mesh_data = 1
   c.mesh_model = 1
@@ -67,17 +72,28 @@ def get_config(arg=None):
   return c
 
 
-def get_sweep(arg=None):
-  """Every drafter at every gamma, as overrides of get_config(arg).
+# The sweep grid: each combination of these values is one cell, a dict of overrides of
+# get_config(arg). categories=() is the whole prompt set in one cell; list one-category
+# tuples, ('coding',), ('math',), ..., for a cell per task.
+SWEEP = dict(
+    drafters=[('ngram',), ('early_exit',)],
+    gamma=[2, 4, 6, 8],
+    temperature=[0.0],
+    categories=[()],
+    batch_size=[1],
+)
 
-  'draft_model' joins only when the arg names its checkpoint
+
+def get_sweep(arg=None):
+  """The cells of SWEEP, as overrides of get_config(arg).
+
+  'draft_model' joins the drafters only when the arg names its checkpoint
   (`:draft_model.checkpoint=/path/to/draft.gguf`); the others need nothing extra.
   """
-  drafters = ['ngram', 'early_exit']
+  axes = dict(SWEEP)
   if get_config(arg).draft_model.checkpoint:
-    drafters.append('draft_model')
-  return [dict(drafters=(name,), gamma=gamma)
-          for name, gamma in itertools.product(drafters, (2, 4, 6, 8))]
+    axes['drafters'] = axes['drafters'] + [('draft_model',)]
+  return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
 def parse_arg(arg, defaults):
@@ -105,6 +121,10 @@ def parse_arg(arg, defaults):
 
 
 def _cast(key, value, default):
+  if key == 'chat_template':
+    if value.lower() not in ('auto', 'true', 'false'):
+      raise ValueError(f"config key 'chat_template' takes auto, true or false, got {value!r}")
+    return 'auto' if value.lower() == 'auto' else value.lower() == 'true'
   if isinstance(default, tuple):
     return tuple(filter(None, value.split('+')))
   if isinstance(default, bool):

@@ -27,6 +27,7 @@ import jax
 from specjax.decoding import divergence as divergence_lib
 from specjax.experiments import loading
 from specjax.experiments import methods as methods_lib
+from specjax.experiments import prompt_format as prompt_format_lib
 from specjax.experiments import prompts as prompts_lib
 from specjax.experiments import results as results_lib
 from specjax.experiments import summary as summary_lib
@@ -42,42 +43,42 @@ def run_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
 
   Returns the summary that summary.json holds.
   """
+  return run_experiment_with_rows(config)[0]
+
+
+def run_experiment_with_rows(config: Mapping[str, Any]
+                             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+  """`run_experiment`, also returning this run's rows (a sweep records them per cell)."""
   cfg = ExperimentConfig.from_config(config)
   prompts = prompts_lib.select(prompts_lib.load_prompts(cfg.prompts), cfg.categories, cfg.limit)
+  prompt_format = prompt_format_lib.resolve(cfg)
+  logging.info('prompt format: %s', prompt_format.reason)
   results = results_lib.ResultsDir(cfg)
-  loaded = functools.cache(lambda: _load(cfg, prompts))  # only if some row is missing
+  loaded = functools.cache(lambda: _load(cfg, prompts, prompt_format))  # only if a row is missing
   rows = {}
   for method in cfg.methods:
     rows[method] = _run_method(method, cfg, prompts, results, loaded, baseline=rows.get(BASELINE))
-  summary = _summary(cfg, [row for method_rows in rows.values() for row in method_rows.values()])
+  all_rows = [row for method_rows in rows.values() for row in method_rows.values()]
+  summary = _summary(cfg, all_rows, prompt_format)
   summary_json = json.dumps(summary, indent=2) + '\n'
   results_lib.write_text(cfg.output_dir, results_lib.SUMMARY_JSON, summary_json)
   results_lib.write_text(cfg.output_dir, results_lib.SUMMARY_MD, summary_lib.markdown(summary))
-  print(f'\n{summary["title"]}\n{TIMING_NOTE}\n\n{summary_lib.table(summary["methods"])}\n'
+  print(f'\n{summary["title"]}\n{TIMING_NOTE}\nPrompt format: {prompt_format.reason}\n\n'
+        f'{summary_lib.table(summary["methods"])}\n'
         f'\nWritten to {cfg.output_dir}/')
-  return summary
+  return summary, all_rows
 
 
-def run_sweep(config: Mapping[str, Any], overrides: Sequence[Mapping[str, Any]]
+def run_sweep(config: Mapping[str, Any], sweep: Sequence[Mapping[str, Any]]
               ) -> list[dict[str, Any]]:
-  """Runs `config` once per override; writes sweep.json and sweep.md beside the results.
-
-  The points share output_dir, so rows are reused across them: the baseline
-  runs once, and a rerun of the sweep only computes what is missing.
-  """
-  base = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-  summaries = [run_experiment({**base, **override}) for override in overrides]
-  points = [dict(method=method, **fig) for s in summaries for method, fig in s['methods'].items()
-            if method != BASELINE or s is summaries[0]]
-  table = summary_lib.table({p['method'] if p['method'] == BASELINE else
-                             f'{p["method"]} gamma={p["gamma"]}': p for p in points})
-  results_lib.write_text(base['output_dir'], 'sweep.json', json.dumps(points, indent=2) + '\n')
-  results_lib.write_text(base['output_dir'], 'sweep.md', f'# Sweep\n\n{TIMING_NOTE}\n\n{table}\n')
-  print(f'\nSweep\n\n{table}')
-  return summaries
+  """`specjax.experiments.sweep_runner.run_sweep`, here too for notebooks that import it here."""
+  # Imported here: sweep_runner imports this module.
+  from specjax.experiments import sweep_runner  # pylint: disable=g-import-not-at-top
+  return sweep_runner.run_sweep(config, sweep)
 
 
-def _load(cfg: ExperimentConfig, prompts: Sequence[prompts_lib.Prompt]):
+def _load(cfg: ExperimentConfig, prompts: Sequence[prompts_lib.Prompt],
+          prompt_format: prompt_format_lib.PromptFormat):
   """Every method's runner, the tokenizer, each prompt's token ids and the stop ids.
 
   All drafters are built here, so a bad drafter setting fails before the
@@ -87,8 +88,7 @@ def _load(cfg: ExperimentConfig, prompts: Sequence[prompts_lib.Prompt]):
   model, params, tokenizer = loading.load(cfg)
   token_ids = {}
   for p in prompts:
-    text = tokenizer.apply_chat_template(p.text) if cfg.chat_template else p.text
-    token_ids[p.id] = tokenizer.encode(text, add_bos=True)
+    token_ids[p.id] = tokenizer.encode(prompt_format.apply(tokenizer, p.text), add_bos=True)
   eos_ids = tuple(i for i in (tokenizer.eos_id, getattr(tokenizer, 'end_of_turn_id', None))
                   if i is not None)
   runners = {m: methods_lib.make_runner(m, model, params, cfg, eos_ids) for m in cfg.methods}
@@ -164,12 +164,13 @@ def _show(row, index: int, total: int) -> None:
         f'tokens, {rate} tokens/s\n{text}', flush=True)
 
 
-def _summary(cfg: ExperimentConfig, rows) -> dict[str, Any]:
+def _summary(cfg: ExperimentConfig, rows, prompt_format) -> dict[str, Any]:
   device = jax.devices()[0]
   summary = dict(
       title=f'{cfg.model}: {", ".join(cfg.methods)} (temperature {cfg.temperature}, '
             f'max_new_tokens {cfg.max_new_tokens}, batch_size {cfg.batch_size})',
       timing=TIMING_NOTE,
+      prompt_format=dataclasses.asdict(prompt_format),
       command=('python -m specjax.run ' + ' '.join(sys.argv[1:])
                if sys.argv and sys.argv[0].endswith('run.py') else 'run_experiment(config)'),
       device=dict(platform=device.platform, kind=device.device_kind, count=jax.device_count()),

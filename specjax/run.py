@@ -1,29 +1,34 @@
 """Runs one experiment: `python -m specjax.run --config=configs/gemma.py`.
 
 Intentionally short: the work is `specjax.experiment.run_experiment`, which a
-notebook can call directly. `--sweep` runs it once per override of the config
-file's `get_sweep()`, all into the same output_dir (the baseline is reused).
+notebook can call directly. `--sweep` runs every cell of the config file's
+`get_sweep()` instead (`specjax.experiments.sweep_runner`; `python -m
+specjax.sweep` is the same command). Compiled programs are kept on disk
+(`specjax.compile_cache`), so a second run does not compile them again.
 """
 
-import importlib.util
 import sys
 
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from specjax import compile_cache
 from specjax import experiment
 from specjax.checkpoints import CheckpointError
+from specjax.experiments import sweep_cells
+from specjax.experiments import sweep_runner
 from specjax.experiments.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
                                           lock_config=True)
-_SWEEP = flags.DEFINE_bool('sweep', False, "Run every override of the config's get_sweep().")
+_SWEEP = flags.DEFINE_bool('sweep', False, "Run every cell of the config file's get_sweep().")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  compile_cache.enable()
   try:
     _run()
   except (ConfigError, CheckpointError) as e:  # the user's to fix: no traceback
@@ -34,11 +39,8 @@ def _run():
   if not _SWEEP.value:
     experiment.run_experiment(_CONFIG.value)
     return
-  path, _, arg = config_flags.get_config_filename(flags.FLAGS['config']).partition(':')
-  spec = importlib.util.spec_from_file_location('sweep_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  experiment.run_sweep(_CONFIG.value, module.get_sweep(arg or None))
+  config_file = config_flags.get_config_filename(flags.FLAGS['config'])
+  sweep_runner.run_sweep(_CONFIG.value, sweep_cells.from_config_file(config_file))
 
 
 def parse_flags(argv):

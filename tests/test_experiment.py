@@ -78,19 +78,25 @@ def test_a_bad_line_names_file_and_line(tmp_path, bad_line, message):
   assert f'{path}:2' in str(error.value)
 
 
-def test_builtin_prompts_cover_six_categories():
+SPEC_BENCH_TASKS = ('writing', 'roleplay', 'reasoning', 'math', 'coding', 'extraction', 'stem',
+                    'humanities', 'translation', 'summarization', 'qa', 'math_reasoning', 'rag')
+
+
+def test_builtin_prompts_are_one_completion_per_spec_bench_task():
   prompts = prompts_lib.load_prompts()
   counts = collections.Counter(p.category for p in prompts)
-  assert counts == {c: 2 for c in ('code', 'summarization', 'qa', 'translation', 'math', 'chat')}
-  assert len({p.id for p in prompts}) == len(prompts) == 12
+  assert counts == {task: 1 for task in SPEC_BENCH_TASKS}
+  assert len({p.id for p in prompts}) == len(prompts) == 13
   # The first four (the :quick variant) span four categories.
   assert len({p.category for p in prompts[:4]}) == 4
+  # Text for a base model to continue, not instructions in chat markup.
+  assert not any('<start_of_turn>' in p.text or '<bos>' in p.text for p in prompts)
 
 
 def test_select_by_category_then_limit():
   prompts = prompts_lib.load_prompts()
-  picked = prompts_lib.select(prompts, ('math', 'qa'), limit=3)
-  assert [p.category for p in picked] == ['qa', 'math', 'qa']
+  picked = prompts_lib.select(prompts, ('qa', 'math', 'coding'), limit=2)
+  assert [p.category for p in picked] == ['coding', 'math']
   with pytest.raises(ValueError, match='poetry'):
     prompts_lib.select(prompts, ('poetry',))
 
@@ -210,23 +216,6 @@ def test_batches_give_each_prompt_the_tokens_it_gets_alone(tmp_path):
   assert rows[2]['wall_s'] == pytest.approx(rows[2]['batch_wall_s'])      # p3 runs alone
   for row in rows:
     assert row['output_ids'] == by_id[row['prompt_id']]['output_ids']
-
-
-def test_sweep_reuses_the_baseline(tmp_path, monkeypatch):
-  calls = collections.Counter()
-  real_ar = methods.autoregressive.generate
-
-  def counting_ar(*args, **kw):
-    calls['autoregressive'] += 1
-    return real_ar(*args, **kw)
-
-  monkeypatch.setattr(methods.autoregressive, 'generate', counting_ar)
-  config = tiny_config(tmp_path)
-  summaries = experiment.run_sweep(config, [dict(gamma=2), dict(gamma=3)])
-  assert [s['methods']['ngram']['gamma'] for s in summaries] == [2, 3]
-  assert calls['autoregressive'] == 3 + 1  # three prompts, one compile run; none in point two
-  sweep_md = (pathlib.Path(config.output_dir) / 'sweep.md').read_text()
-  assert '| ngram gamma=2 |' in sweep_md and '| ngram gamma=3 |' in sweep_md
 
 
 # ---------------------------------------------------------------- the real model

@@ -51,7 +51,7 @@ class ExperimentConfig:
   batch_size: int
   output_dir: str
   resume: bool
-  chat_template: bool
+  chat_template: bool | str     # True, False or 'auto': on when the checkpoint carries a template
   max_cache_len: int
   mesh_data: int
   mesh_model: int
@@ -101,6 +101,8 @@ class ExperimentConfig:
     except ValueError as e:
       raise ConfigError(f'config: {e}') from None
     _check(self.output_dir != '', 'output_dir', 'must name a directory')
+    _check(isinstance(self.chat_template, bool) or self.chat_template == 'auto', 'chat_template',
+           f"must be True, False or 'auto', got {self.chat_template!r}")
     _check(self.model == TINY_RANDOM or _is_checkpoint(self.model), 'model',
            f'is {self.model!r}: not {TINY_RANDOM!r}, not embedded:NAME and not an existing path')
     for key, value in (('model', self.model),
@@ -183,6 +185,8 @@ def _check_types(config: ExperimentConfig) -> None:
     value = getattr(config, field.name)
     kind = {'int': int, 'float': (int, float), 'str': str, 'bool': bool,
             'dict': dict}.get(field.type)
+    if field.type == 'bool | str':  # checked by value in __post_init__
+      continue
     if kind is None:  # tuple[str, ...]
       ok = all(isinstance(v, str) for v in value)
       kind_name = 'a tuple of names'

@@ -51,8 +51,12 @@ class ResultsDir:
       self._read()
     else:
       open(self.path, 'w', encoding='utf-8').close()
-    with open(config_path, 'w', encoding='utf-8') as f:
+    # Through a temporary file: a run killed here must not leave an empty config.json
+    # that the restart cannot read.
+    tmp = f'{config_path}.{os.getpid()}.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
       json.dump({'fingerprint': shared, 'config': config.to_dict()}, f, indent=2)
+    os.replace(tmp, config_path)
 
   def _read(self) -> None:
     if not os.path.exists(self.path):

@@ -72,8 +72,10 @@ def table(figures: dict[str, dict[str, Any]]) -> str:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-  parts = [f'# {summary["title"]}', '', summary['timing'], '', f'Command: `{summary["command"]}`',
-           '', table(summary['methods'])]
+  parts = [f'# {summary["title"]}', '', summary['timing'], '']
+  if 'prompt_format' in summary:  # summaries written before it was recorded lack it
+    parts += [f'Prompt format: {summary["prompt_format"]["reason"]}', '']
+  parts += [f'Command: `{summary["command"]}`', '', table(summary['methods'])]
   for category, figures in summary['categories'].items():
     parts += ['', f'## {category}', '', table(figures)]
   return '\n'.join(parts) + '\n'

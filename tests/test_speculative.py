@@ -22,6 +22,7 @@ import pytest
 
 from specjax.decoding import autoregressive
 from specjax import sampling as sampling_lib
+from specjax.decoding import draft_length
 from specjax.decoding import speculative
 from specjax.drafters import make_drafter
 from specjax.drafters import ngram as ngram_lib

@@ -35,19 +35,21 @@ def _calls(model, params, *, width: int, batch: int, num_slots: int):
   return jax.lax.fori_loop(0, _STEPS, body, (cache, jnp.float32(0)))[1]
 
 
+def seconds_per_call(model, params, width: int, *, batch: int, num_slots: int) -> float:
+  """Seconds of one target call over `width` positions per row (best of a few)."""
+  run = functools.partial(_calls, model, params, width=width, batch=batch, num_slots=num_slots)
+  run().block_until_ready()
+  best = float('inf')
+  for _ in range(_REPEATS):
+    start = time.perf_counter()
+    run().block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return best / _STEPS
+
+
 def measure(model, params, buckets: Sequence[int], *, batch: int, num_slots: int
             ) -> tuple[float, ...]:
   """Relative cost of a call verifying n drafts, for each n in `buckets` (n = 0 is 1.0)."""
-  def seconds(width: int) -> float:
-    run = functools.partial(_calls, model, params, width=width, batch=batch,
-                            num_slots=num_slots)
-    run().block_until_ready()
-    best = float('inf')
-    for _ in range(_REPEATS):
-      start = time.perf_counter()
-      run().block_until_ready()
-      best = min(best, time.perf_counter() - start)
-    return best
-
-  base = seconds(1)
-  return tuple(1.0 if n == 0 else max(1.0, seconds(n + 1) / base) for n in buckets)
+  base = seconds_per_call(model, params, 1, batch=batch, num_slots=num_slots)
+  return tuple(1.0 if n == 0 else max(1.0, seconds_per_call(
+      model, params, n + 1, batch=batch, num_slots=num_slots) / base) for n in buckets)

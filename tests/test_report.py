@@ -230,3 +230,24 @@ def test_command_line(tmp_path):
   assert failed.returncode == 1
   assert f'error: {tmp_path / "absent"}: no such directory' in failed.stderr
   assert 'Traceback' not in failed.stderr
+
+
+def test_a_sweeps_cell_records_are_read_as_rows(tmp_path):
+  """`python -m specjax.sweep` writes cells.jsonl, one record per cell holding its rows:
+  a report of a sweep folder equals the report of the same rows as a results file."""
+  lines = [json.loads(line) for line in (FIXTURE / 'results.jsonl').read_text().splitlines()]
+  sweep = tmp_path / 'sweep'
+  sweep.mkdir()
+  records = [dict(id='a', status='ok', rows=lines[:4]),
+             dict(id='b', status='error', error='boom', rows=[]),
+             dict(id='c', status='ok', rows=lines[:1] + lines[4:])]   # the baseline again
+  (sweep / 'cells.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+  plain = tmp_path / 'plain'
+  plain.mkdir()
+  shutil.copy(FIXTURE / 'results.jsonl', plain / 'results.jsonl')
+  from_sweep = pathlib.Path(report.write_report(str(sweep), str(tmp_path / 'o1'), COSTS,
+                                                plots=False, command='cmd')).read_text()
+  from_rows = pathlib.Path(report.write_report(str(plain), str(tmp_path / 'o2'), COSTS,
+                                               plots=False, command='cmd')).read_text()
+  table = lambda text: section(text, 'Speedup against gamma')  # noqa: E731
+  assert table(from_sweep) == table(from_rows)

@@ -88,7 +88,28 @@ def read_rows(directory: str) -> list[Row]:
   return rows
 
 
+SWEEP_CELLS = 'cells.jsonl'   # a sweep's records: each 'ok' line carries its cell's rows
+
+
 def _read_file(path: str):
+  """(Row, raw) pairs of a rows file, or of the rows inside a sweep's cell records."""
+  if os.path.basename(path) == SWEEP_CELLS:
+    for record, where in _lines(path):
+      if record.get('status') != 'ok':
+        continue
+      rows = record.get('rows')
+      if not isinstance(rows, list):
+        raise ReportError(f'{where}: a sweep cell record without a list of rows')
+      for i, raw in enumerate(rows):
+        if not isinstance(raw, dict):
+          raise ReportError(f'{where}: row {i} of the cell is not a JSON object')
+        yield _row(raw, f'{where} row {i}'), raw
+    return
+  for raw, where in _lines(path):
+    yield _row(raw, where), raw
+
+
+def _lines(path: str):
   with open(path, encoding='utf-8') as f:
     for number, line in enumerate(f, start=1):
       if not line.strip():
@@ -100,7 +121,7 @@ def _read_file(path: str):
         raise ReportError(f'{where}: not valid JSON ({e.msg})') from None
       if not isinstance(raw, dict):
         raise ReportError(f'{where}: a row must be a JSON object')
-      yield _row(raw, where), raw
+      yield raw, where
 
 
 def _row(raw: dict[str, Any], where: str) -> Row:

@@ -59,7 +59,7 @@ def default_cache_dir() -> Path:
   return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / '.cache' / 'specjax').expanduser()
 
 
-def _resolve(cache_dir: str | os.PathLike | None) -> Path:
+def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path:
   return default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser()
 
 
@@ -80,7 +80,7 @@ def file_sha256(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
     stat = path.stat()
   except OSError as e:
     raise CheckpointError(f'{path}: cannot read: {e}') from e
-  memo = _resolve(cache_dir) / 'sha256' / (hashlib.sha1(str(path).encode()).hexdigest() + '.json')
+  memo = resolve_cache_dir(cache_dir) / 'sha256' / (hashlib.sha1(str(path).encode()).hexdigest() + '.json')
   key = {'path': str(path), 'inode': stat.st_ino, 'size': stat.st_size,
          'mtime_ns': stat.st_mtime_ns, 'ctime_ns': stat.st_ctime_ns}
   try:
@@ -99,7 +99,7 @@ def file_sha256(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
 
 
 def entry_dir(sha256: str, cache_dir: str | os.PathLike | None = None) -> Path:
-  return _resolve(cache_dir) / f'params-v{FORMAT_VERSION}-{sha256}'
+  return resolve_cache_dir(cache_dir) / f'params-v{FORMAT_VERSION}-{sha256}'
 
 
 def entry_digests(entry: Path, names: list[str]) -> dict[str, str]:

@@ -48,7 +48,8 @@ def get_config(arg=None):
   c.output_dir = 'results/gemma'
   c.resume = True               # skip rows already in output_dir/results.jsonl
   c.chat_template = True        # wrap each prompt in Gemma's user/model turns
-  c.max_cache_len = 4096
+  c.max_cache_len = 4096        # KV cache slots per row: prompt + new tokens + verify slots
+  c.too_long = 'error'          # a prompt the cache cannot hold: 'error' stops, 'skip' records it
   c.mesh_data = 1
   c.mesh_model = 1
   # Speculative decoding.
@@ -102,6 +103,8 @@ def _cast(key, value, default):
   try:
     return type(default)(value)
   except ValueError:
+    kind = type(default).__name__
     raise ValueError(
-        f'config key {key!r} takes a {type(default).__name__}, got {value!r}') from None
+        f'config key {key!r} takes {"an" if kind == "int" else "a"} {kind}, got {value!r}'
+    ) from None
 

@@ -17,6 +17,7 @@ from specjax.decoding import autoregressive
 from specjax.decoding import batch as batch_lib
 from specjax.decoding import speculative
 from specjax.experiments import loading
+from specjax.experiments import preflight
 from specjax.experiments.config import BASELINE, ExperimentConfig
 
 
@@ -61,7 +62,7 @@ def _autoregressive(model, params, config: ExperimentConfig, eos_ids) -> Runner:
         model, params, prompts, max_new_tokens=config.max_new_tokens, sampling=config.sampling,
         eos_ids=eos_ids, seed=config.seed, row_ids=row_ids, max_cache_len=config.max_cache_len)
     return BatchResult(out.new_tokens, out.wall_s, [{} for _ in prompts])
-  return Runner(run, _bucket_fn(model, config, extra_slots=1))
+  return Runner(run, _bucket_fn(model, config, preflight.verify_slots(config, BASELINE)))
 
 
 def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runner:
@@ -80,4 +81,4 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
                   acceptance_by_position=out.accepted_at_position[i])
              for i in range(len(prompts))]
     return BatchResult(out.new_tokens, out.wall_s, stats)
-  return Runner(run, _bucket_fn(model, config, extra_slots=config.gamma + 1))
+  return Runner(run, _bucket_fn(model, config, preflight.verify_slots(config, name)))

@@ -74,6 +74,9 @@ def table(figures: dict[str, dict[str, Any]]) -> str:
 def markdown(summary: dict[str, Any]) -> str:
   parts = [f'# {summary["title"]}', '', summary['timing'], '', f'Command: `{summary["command"]}`',
            '', table(summary['methods'])]
+  if summary.get('skipped'):
+    parts += ['', f'Skipped, too long for the KV cache (in no figure): '
+                  f'{", ".join(summary["skipped"])}.']
   for category, figures in summary['categories'].items():
     parts += ['', f'## {category}', '', table(figures)]
   return '\n'.join(parts) + '\n'

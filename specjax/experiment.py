@@ -79,7 +79,9 @@ def run_sweep(config: Mapping[str, Any], overrides: Sequence[Mapping[str, Any]]
   """
   base = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
   summaries = [run_experiment({**base, **override}) for override in overrides]
-  points = [dict(method=method, **fig) for s in summaries for method, fig in s['methods'].items()
+  points = [{'method': method, **({} if method == BASELINE else {'gamma': s['config']['gamma']}),
+             **fig}  # a point whose prompts were all skipped has no figures, gamma included
+            for s in summaries for method, fig in s['methods'].items()
             if method != BASELINE or s is summaries[0]]
   table = summary_lib.table({p['method'] if p['method'] == BASELINE else
                              f'{p["method"]} gamma={p["gamma"]}': p for p in points})

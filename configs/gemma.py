@@ -7,7 +7,9 @@ summary.json, summary.md}:
   python -m specjax.run --config=configs/gemma.py
 
 Named variants go after a colon, comma separated; `key=value` sets a key (a
-tuple key takes `+`-joined names):
+tuple key takes `+`-joined names). Each arg has its own default output_dir
+(results/gemma-quick, results/gemma-drafters_ngram+early_exit-gamma_6), so
+entry points never meet in one directory by accident:
 
   python -m specjax.run --config=configs/gemma.py:quick
   python -m specjax.run --config=configs/gemma.py:drafters=ngram+early_exit,gamma=6
@@ -19,8 +21,11 @@ sweep of `get_sweep()` runs with `python -m specjax.run
 """
 
 import itertools
+import re
 
 import ml_collections
+
+NAME = 'gemma'  # default output_dir: results/<NAME>[-<arg>]
 
 # Every variant is a set of overrides on the defaults below.
 VARIANTS = {
@@ -45,7 +50,7 @@ def get_config(arg=None):
   c.top_p = 1.0                 # 1 = off
   c.seed = 0
   c.batch_size = 1
-  c.output_dir = 'results/gemma'
+  c.output_dir = default_output_dir(arg)  # results/gemma, results/gemma-quick, ...
   c.resume = True               # skip rows already in output_dir/results.jsonl
   c.chat_template = True        # wrap each prompt in Gemma's user/model turns
   c.max_cache_len = 4096        # KV cache slots per row: prompt + new tokens + verify slots
@@ -61,6 +66,13 @@ def get_config(arg=None):
   c.early_exit_layers = 4       # target layers the 'early_exit' drafter runs
   c.update(parse_arg(arg, c))
   return c
+
+
+def default_output_dir(arg=None):
+  """results/gemma for the plain config; the arg, made a file name, joins it for a variant."""
+  if not arg:
+    return f'results/{NAME}'
+  return f'results/{NAME}-' + re.sub(r'[^A-Za-z0-9+._-]', '_', arg.replace(',', '-'))
 
 
 def get_sweep(arg=None):

@@ -2,7 +2,8 @@
 
 Intentionally short: the work is `specjax.experiment.run_experiment`, which a
 notebook can call directly. `--sweep` runs it once per override of the config
-file's `get_sweep()`, all into the same output_dir (the baseline is reused).
+file's `get_sweep()`, all into one output_dir (the baseline is reused): the
+config's, or, left at the config file's default, that default + '-sweep'.
 
 A bad input ends the run with one line naming the key and value, and exit
 code 1; `--verbosity=1` also logs the traceback. Ctrl-C keeps every row
@@ -63,6 +64,8 @@ def _run():
   spec = importlib.util.spec_from_file_location('sweep_config', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  if config['output_dir'] == module.get_config(arg or None).output_dir:  # not chosen by the user
+    config['output_dir'] += '-sweep'
   _output_dir = config['output_dir']
   experiment.run_sweep(config, module.get_sweep(arg or None))
 

@@ -171,3 +171,69 @@ def test_a_second_run_is_refused_and_ctrl_c_in_a_compile_keeps_every_row(tmp_pat
   assert [(r['method'], r['prompt_id']) for r in rows] == [
       ('autoregressive', f'p{i:02d}') for i in range(6)]
   assert all(r['new_tokens'] >= 1 for r in rows)
+
+
+# ---------------------------------------------------------------- the README's entry points
+
+README_SNIPPET = '''
+from specjax.experiment import run_experiment
+import importlib.util
+spec = importlib.util.spec_from_file_location('gemma', {config!r})
+gemma = importlib.util.module_from_spec(spec); spec.loader.exec_module(gemma)
+config = gemma.get_config('quick,drafters=ngram+early_exit')
+config.update(model='tiny-random', prompts={prompts!r}, max_new_tokens=4, chat_template=False,
+              early_exit_layers=1)
+summary = run_experiment(config)
+'''
+
+
+def test_the_readme_entry_points_run_one_after_another(tmp_path, cache_dir):
+  """The main command, :quick, the Python snippet and --sweep each get their own default
+  output_dir, so none refuses another; a real config change in one directory still is.
+
+  The sweep's 8 points would compile 9 programs (~150 s on 2 CPU cores); with a cache
+  too small for its prompt each point records the prompt as skipped instead, which
+  goes through everything the entry point owns (test_experiment covers sweep decoding).
+  """
+  prompts = write_prompts(tmp_path / 'p.jsonl', 1)
+  run_dir = tmp_path / 'fresh'
+  run_dir.mkdir()
+  for args in ([f'--config={CONFIG}'], [f'--config={CONFIG}:quick']):
+    result, _ = specjax_run([*args, *tiny_flags(prompts)], run_dir, cache_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+  snippet = README_SNIPPET.format(config=str(CONFIG), prompts=str(prompts))
+  result = subprocess.run([sys.executable, '-c', snippet], cwd=run_dir, env=env(cache_dir),
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  result, _ = specjax_run([f'--config={CONFIG}', '--sweep', *tiny_flags(prompts),
+                           '--config.max_cache_len=16', '--config.too_long=skip'], run_dir,
+                          cache_dir)
+  assert result.returncode == 0, result.stderr[-2000:]
+  results = run_dir / 'results'
+  assert sorted(p.name for p in results.iterdir()) == [
+      'gemma', 'gemma-quick', 'gemma-quick-drafters_ngram+early_exit', 'gemma-sweep']
+  assert all((d / 'summary.md').is_file() for d in results.iterdir())
+  assert (results / 'gemma-sweep' / 'sweep.md').is_file()
+  assert all('skipped' in json.loads(line)
+             for line in (results / 'gemma-sweep' / 'results.jsonl').open())
+
+  result, _ = specjax_run([f'--config={CONFIG}', *tiny_flags(prompts, 5)], run_dir, cache_dir)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines() == [
+      "error: config.output_dir 'results/gemma' holds results made under a different config "
+      '(changed: max_new_tokens); pick another output_dir, or set --config.resume=False to set '
+      'them aside']
+
+
+def test_the_real_entry_point_derives_its_output_dir(tmp_path, cache_dir):
+  """`--config=configs/gemma.py:quick` with the embedded model writes results/gemma-quick.
+  A cache too small for any prompt skips them all, so no weight is loaded (or needed)."""
+  result, _ = specjax_run([f'--config={CONFIG}:quick', '--config.max_cache_len=40',
+                           '--config.too_long=skip'], tmp_path, cache_dir)
+  assert result.returncode == 0, result.stderr[-2000:]
+  out = tmp_path / 'results' / 'gemma-quick'
+  rows = [json.loads(line) for line in (out / 'results.jsonl').open()]
+  assert len(rows) == 8 and all('max_cache_len 40' in r['skipped'] for r in rows)
+  assert json.loads((out / 'config.json').read_text())['config']['limit'] == 4
+  assert len(json.loads((out / 'summary.json').read_text())['skipped']) == 4
+  assert weight_entries(cache_dir) == []

@@ -14,8 +14,9 @@ The marker also records the sha256 of every file in the entry, and every load
 checks them all: a cache damaged in place (same size, valid headers) would
 otherwise decode silently wrong (an overwritten 2 MB inside one leaf made the
 270M model emit only `<pad>`). A mismatch is logged and the entry rebuilt.
-Hashing runs in memory-mapped 64 MiB chunks on every core; the 270M entry
-(1.1 GB) verifies in about 0.75 s on two busy CPU cores (see `entry_digests`).
+Hashing runs in memory-mapped 64 MiB chunks on every core. It is the price of
+a warm load: 0.1 s unverified (pages map lazily), 0.75-1.3 s verified for the
+270M entry (1.1 GB) on this project's 2 shared CPU cores, at load average 3-5.
 
 Layout of `<cache_dir>/params-v<FORMAT_VERSION>-<sha256>/`:
   config.json     the GemmaConfig
@@ -108,8 +109,9 @@ def entry_digests(entry: Path, names: list[str]) -> dict[str, str]:
   A file's digest is the sha256 of its 64 MiB chunks' sha256 digests, so the
   671 MB embedding leaf of the 270M model spreads over every core (hashlib
   releases the GIL); chunks are memory-mapped, not copied. Measured on this
-  project's 2 shared CPU cores, page cache warm: 0.75 s for the 1.1 GB entry
-  (1.1 s for one sha256 per file, 1.9 s reading each file into memory first).
+  project's 2 shared CPU cores, page cache warm, load average 3: 0.75 s for the
+  1.1 GB entry (1.1 s for one sha256 per file, 1.9 s reading each file into
+  memory first); 1.2-1.3 s at load average 5.
   """
   sizes = {name: (entry / name).stat().st_size for name in names}
   chunks = [(name, offset) for name in names

@@ -81,7 +81,8 @@ def file_sha256(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
     stat = path.stat()
   except OSError as e:
     raise CheckpointError(f'{path}: cannot read: {e}') from e
-  memo = resolve_cache_dir(cache_dir) / 'sha256' / (hashlib.sha1(str(path).encode()).hexdigest() + '.json')
+  memo_name = hashlib.sha1(str(path).encode()).hexdigest() + '.json'
+  memo = resolve_cache_dir(cache_dir) / 'sha256' / memo_name
   key = {'path': str(path), 'inode': stat.st_ino, 'size': stat.st_size,
          'mtime_ns': stat.st_mtime_ns, 'ctime_ns': stat.st_ctime_ns}
   try:

@@ -47,7 +47,7 @@ from specjax.checkpoints.config_io import config_from_dict, config_to_dict
 from specjax.checkpoints.errors import CheckpointError
 from specjax.models.config import GemmaConfig
 
-FORMAT_VERSION = 2  # 2: the marker records every file's sha256
+FORMAT_VERSION = 3  # 3: the marker records every file's sha256 (main's 2 is a different layout)
 CACHE_DIR_ENV = 'SPECJAX_CACHE_DIR'
 COMPLETE_MARKER = 'COMPLETE'
 

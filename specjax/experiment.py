@@ -1,10 +1,13 @@
 """`run_experiment(config)`: every method on every prompt, timed, written as it goes.
 
 The library function behind `python -m specjax.run`, callable from a notebook
-with `configs/gemma.py`'s `get_config()`. The autoregressive baseline runs
-first, then each drafter; rows land in `output_dir/results.jsonl` one by one,
-so a killed run resumes where it stopped, and `summary.json` / `summary.md`
-are written at the end.
+with `configs/gemma.py`'s `get_config()`. Every input is checked first: the
+config, the prompt file, the tokenizer, each prompt's length against the
+cache, the mesh against the devices; only then is the output directory
+locked and, if a row is missing, the model loaded. The autoregressive baseline
+runs first, then each drafter; rows land in `output_dir/results.jsonl` one by
+one, so a killed run resumes where it stopped, and `summary.json` /
+`summary.md` are written at the end.
 
 Times exclude compilation: the first batch of each shape bucket is run once,
 untimed, before the batches that are timed.
@@ -18,7 +21,7 @@ import json
 import platform
 import sys
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from absl import logging
@@ -27,6 +30,7 @@ import jax
 from specjax.decoding import divergence as divergence_lib
 from specjax.experiments import loading
 from specjax.experiments import methods as methods_lib
+from specjax.experiments import preflight
 from specjax.experiments import prompt_format as prompt_format_lib
 from specjax.experiments import prompts as prompts_lib
 from specjax.experiments import results as results_lib
@@ -50,22 +54,30 @@ def run_experiment_with_rows(config: Mapping[str, Any]
                              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
   """`run_experiment`, also returning this run's rows (a sweep records them per cell)."""
   cfg = ExperimentConfig.from_config(config)
+  preflight.check_config(cfg)
   prompts = prompts_lib.select(prompts_lib.load_prompts(cfg.prompts), cfg.categories, cfg.limit)
   prompt_format = prompt_format_lib.resolve(cfg)
   logging.info('prompt format: %s', prompt_format.reason)
-  results = results_lib.ResultsDir(cfg)
-  loaded = functools.cache(lambda: _load(cfg, prompts, prompt_format))  # only if a row is missing
-  rows = {}
-  for method in cfg.methods:
-    rows[method] = _run_method(method, cfg, prompts, results, loaded, baseline=rows.get(BASELINE))
-  all_rows = [row for method_rows in rows.values() for row in method_rows.values()]
-  summary = _summary(cfg, all_rows, prompt_format)
-  summary_json = json.dumps(summary, indent=2) + '\n'
-  results_lib.write_text(cfg.output_dir, results_lib.SUMMARY_JSON, summary_json)
-  results_lib.write_text(cfg.output_dir, results_lib.SUMMARY_MD, summary_lib.markdown(summary))
+  tokenizer = loading.tokenizer(cfg)
+  token_ids = {p.id: tokenizer.encode(prompt_format.apply(tokenizer, p.text), add_bos=True)
+               for p in prompts}
+  skipped = preflight.fit_prompts(cfg, [p.id for p in prompts], token_ids)
+  checkpoints = loading.checkpoint_digests(cfg)
+  with results_lib.ResultsDir(cfg, checkpoints) as results:
+    run = _Run(cfg, checkpoints, prompts, token_ids, skipped, tokenizer, results,
+               functools.cache(lambda: _load(cfg, tokenizer)))  # loads only if a row is missing
+    rows = {}
+    for method in cfg.methods:
+      rows[method] = _run_method(method, run, baseline=rows.get(BASELINE))
+    all_rows = [row for method_rows in rows.values() for row in method_rows.values()]
+    summary = _summary(cfg, [row for row in all_rows if 'skipped' not in row], skipped,
+                       prompt_format)
+    results.finish()
+    summary_json = json.dumps(summary, indent=2) + '\n'
+    results_lib.write_text(cfg.output_dir, results_lib.SUMMARY_JSON, summary_json)
+    results_lib.write_text(cfg.output_dir, results_lib.SUMMARY_MD, summary_lib.markdown(summary))
   print(f'\n{summary["title"]}\n{TIMING_NOTE}\nPrompt format: {prompt_format.reason}\n\n'
-        f'{summary_lib.table(summary["methods"])}\n'
-        f'\nWritten to {cfg.output_dir}/')
+        f'{summary_lib.table(summary["methods"])}\n\nWritten to {cfg.output_dir}/')
   return summary, all_rows
 
 
@@ -77,34 +89,54 @@ def run_sweep(config: Mapping[str, Any], sweep: Sequence[Mapping[str, Any]]
   return sweep_runner.run_sweep(config, sweep)
 
 
-def _load(cfg: ExperimentConfig, prompts: Sequence[prompts_lib.Prompt],
-          prompt_format: prompt_format_lib.PromptFormat):
-  """Every method's runner, the tokenizer, each prompt's token ids and the stop ids.
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """What every method of one run shares: inputs checked, output directory locked."""
+  cfg: ExperimentConfig
+  checkpoints: Mapping[str, str]             # 'model' / 'draft_model' -> content sha256
+  prompts: Sequence[prompts_lib.Prompt]
+  token_ids: Mapping[str, list[int]]         # prompt id -> ids, BOS and chat markup included
+  skipped: Mapping[str, str]                 # prompt id -> why it is not run
+  tokenizer: Any
+  results: results_lib.ResultsDir
+  loaded: Callable[[], tuple]                # -> (runners, eos_ids, (model, params))
+
+
+def _load(cfg: ExperimentConfig, tokenizer):
+  """Every method's runner, the stop ids and the target (model, params).
 
   All drafters are built here, so a bad drafter setting fails before the
   baseline has run, not after.
   """
   logging.info('Loading %s', cfg.model)
-  model, params, tokenizer = loading.load(cfg)
-  token_ids = {}
-  for p in prompts:
-    token_ids[p.id] = tokenizer.encode(prompt_format.apply(tokenizer, p.text), add_bos=True)
+  model, params = loading.load(cfg)
+  preflight.check_model(cfg, model.config.max_position)
   eos_ids = tuple(i for i in (tokenizer.eos_id, getattr(tokenizer, 'end_of_turn_id', None))
                   if i is not None)
   runners = {m: methods_lib.make_runner(m, model, params, cfg, eos_ids) for m in cfg.methods}
-  return runners, tokenizer, token_ids, eos_ids, (model, params)
+  return runners, eos_ids, (model, params)
 
 
-def _run_method(method, cfg: ExperimentConfig, prompts, results, loaded, baseline):
-  """This method's row for every prompt: read back from results.jsonl, or computed now."""
-  fingerprint = cfg.fingerprint(method)
+def _run_method(method, run: _Run, baseline):
+  """This method's row for every prompt: read back from results.jsonl, or computed now.
+
+  A prompt in `run.skipped` gets a row that says why, and is never run.
+  """
+  cfg, prompts, token_ids, results = run.cfg, run.prompts, run.token_ids, run.results
+  fingerprint = cfg.fingerprint(method, run.checkpoints)
   done = {p.id: results.get(p.id, method, fingerprint) for p in prompts}
+  for p in prompts:
+    if done[p.id] is None and p.id in run.skipped:
+      done[p.id] = dict(prompt_id=p.id, category=p.category, method=method,
+                        fingerprint=fingerprint, prompt_tokens=len(token_ids[p.id]),
+                        skipped=run.skipped[p.id])
+      results.append(done[p.id])
   pending = [p for p in prompts if done[p.id] is None]
   logging.info('%s: %d of %d prompts already in %s', method, len(prompts) - len(pending),
                len(prompts), results.path)
   if not pending:
     return done
-  runners, tokenizer, token_ids, eos_ids, target = loaded()
+  runners, eos_ids, target = run.loaded()
   runner = runners[method]
   position = {p.id: i + 1 for i, p in enumerate(prompts)}
   compiled = set()
@@ -120,7 +152,7 @@ def _run_method(method, cfg: ExperimentConfig, prompts, results, loaded, baselin
     out = runner.run(packed)
     for p, prompt_ids, new_ids, stats in zip(batch, ids, out.new_tokens, out.stats):
       row = _row(cfg, method, fingerprint, p, prompt_ids, new_ids, out.wall_s / len(batch),
-                 out.wall_s, tokenizer, eos_ids, stats, baseline)
+                 out.wall_s, run.tokenizer, eos_ids, stats, baseline)
       if row.get('identical_to_baseline') is False and cfg.temperature == 0.0:
         row['divergence'] = _divergence(target, prompt_ids, baseline[p.id]['output_ids'], new_ids)
       results.append(row)
@@ -164,7 +196,8 @@ def _show(row, index: int, total: int) -> None:
         f'tokens, {rate} tokens/s\n{text}', flush=True)
 
 
-def _summary(cfg: ExperimentConfig, rows, prompt_format) -> dict[str, Any]:
+def _summary(cfg: ExperimentConfig, rows, skipped: Mapping[str, str],
+             prompt_format: prompt_format_lib.PromptFormat) -> dict[str, Any]:
   device = jax.devices()[0]
   summary = dict(
       title=f'{cfg.model}: {", ".join(cfg.methods)} (temperature {cfg.temperature}, '
@@ -175,6 +208,7 @@ def _summary(cfg: ExperimentConfig, rows, prompt_format) -> dict[str, Any]:
                if sys.argv and sys.argv[0].endswith('run.py') else 'run_experiment(config)'),
       device=dict(platform=device.platform, kind=device.device_kind, count=jax.device_count()),
       versions=dict(python=platform.python_version(), jax=jax.__version__),
-      config=cfg.to_dict())
+      config=cfg.to_dict(),
+      skipped=dict(skipped))  # prompt id -> why; in no figure below
   summary.update(summary_lib.summarize(rows, cfg.methods))
   return summary

@@ -15,6 +15,7 @@ Gemma's space runs as BPE pieces, see `_merge_space_runs_as_hugging_face_does`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import tempfile
@@ -27,6 +28,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 
 from specjax.checkpoints import gguf_loader
+from specjax.checkpoints import weight_cache
 
 Piece = sp_pb2.ModelProto.SentencePiece
 
@@ -41,7 +43,8 @@ _GGUF_PIECE_TYPES = {
 }
 
 # Bump when `_proto_from_gguf_metadata` changes, so stale cached protos are not reused.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: named by the GGUF's sha256 and the proto's own, in the cache dir
+_CACHE_SUBDIR = 'tokenizers'
 
 
 class Tokenizer:
@@ -89,24 +92,30 @@ class Tokenizer:
       raise ValueError(f'{path}: {e}') from e
 
   @classmethod
-  def from_gguf(cls, path: str | os.PathLike[str], cache: bool = True) -> Tokenizer:
+  def from_gguf(cls, path: str | os.PathLike[str], cache: bool = True,
+                cache_dir: str | os.PathLike[str] | None = None) -> Tokenizer:
     """Builds the tokenizer a GGUF checkpoint describes.
 
     Parsing the GGUF's 262k-piece metadata takes ~10 s while building the proto
-    takes ~0.3 s, so with `cache` the proto is saved as a `tokenizer.model`
-    beside the GGUF, named after its size and mtime so a changed file misses.
+    takes ~0.3 s, so with `cache` the proto is saved in the weight cache
+    directory (`weight_cache.resolve_cache_dir(cache_dir)/tokenizers/`), named
+    by the GGUF's sha256, so a changed file misses however its size and mtime
+    look, and by the proto's own digest, so a damaged copy is noticed, logged
+    and rebuilt rather than used.
     """
     path = pathlib.Path(path)
     if not path.is_file():
       raise FileNotFoundError(f'No GGUF file at {path}')
-    stat = path.stat()
-    cached = path.with_name(
-        f'{path.name}.{stat.st_size}-{stat.st_mtime_ns}.v{_CACHE_VERSION}.tokenizer.model')
-    if cache and cached.is_file():
-      return cls.from_model_file(cached)
+    if cache:
+      folder = weight_cache.resolve_cache_dir(cache_dir) / _CACHE_SUBDIR
+      prefix = f'{weight_cache.file_sha256(path, cache_dir)}.v{_CACHE_VERSION}'
+      proto = _read_cached_proto(folder, prefix)
+      if proto is not None:
+        return cls(proto)
     proto = _proto_from_gguf_metadata(gguf_loader.read_gguf_metadata(path), source=str(path))
     if cache:
-      _write_atomically(cached, proto.SerializeToString())
+      data = proto.SerializeToString()
+      _write_atomically(folder / f'{prefix}.{_digest(data)}.model', data)
     return cls(proto)
 
   @classmethod
@@ -236,13 +245,39 @@ def _proto_from_gguf_metadata(metadata: Mapping[str, Any], source: str = 'GGUF m
   return proto
 
 
+def _digest(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _read_cached_proto(folder: pathlib.Path, prefix: str) -> sp_pb2.ModelProto | None:
+  """The saved proto `<prefix>.<digest>.model` whose bytes still hash to its digest, else None."""
+  for path in sorted(folder.glob(f'{prefix}.*.model')):
+    try:
+      data = path.read_bytes()
+    except OSError as e:
+      logging.warning('Cannot read the cached tokenizer %s (%s); rebuilding it', path, e)
+      continue
+    if _digest(data) == path.name[len(prefix) + 1:-len('.model')]:
+      proto = sp_pb2.ModelProto()
+      try:
+        proto.ParseFromString(data)
+        return proto
+      except protobuf_message.DecodeError:
+        pass
+    logging.warning('The cached tokenizer %s is damaged (its bytes do not match the digest in '
+                    'its name); rebuilding it', path)
+    path.unlink(missing_ok=True)
+  return None
+
+
 def _write_atomically(path: pathlib.Path, data: bytes) -> None:
   """Writes via a temporary file so a concurrent reader never sees half a model.
 
   It is only a cache: an unwritable directory is logged, not raised.
   """
   try:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}')
   except OSError as e:
     logging.warning('Not caching the tokenizer at %s: %s', path, e)
     return

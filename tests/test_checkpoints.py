@@ -334,6 +334,45 @@ def test_interrupted_cache_entry_is_rebuilt(tiny, tmp_path, monkeypatch):
   _assert_trees_close(rebuilt, params)
 
 
+def test_cache_entry_damaged_in_place_is_detected_and_rebuilt(tiny, tmp_path, monkeypatch,
+                                                              caplog):
+  """Bytes overwritten inside a cached leaf (same size, header intact, mtime kept)
+  would load as silently wrong weights; the recorded digests catch them."""
+  config, params = tiny
+  path = tmp_path / 'tiny.gguf'
+  write_gguf(path, config, params)
+  cache = tmp_path / 'cache'
+  weight_cache.load_gguf_cached(path, cache)
+  entry = weight_cache.entry_dir(weight_cache.file_sha256(path, cache), cache)
+  leaf = entry / 'params' / 'embedding_DxV.npy'
+  stat = leaf.stat()
+  with leaf.open('r+b') as f:
+    f.seek(stat.st_size // 2)
+    f.write(b'\0' * 64)
+  os.utime(leaf, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  reader = _CountingReader(monkeypatch)
+  _, got = weight_cache.load_gguf_cached(path, cache)
+  assert reader.opens == 1, 'the damaged entry must be rebuilt from the GGUF'
+  assert 'embedding_DxV.npy does not match the digest' in caplog.text
+  _assert_trees_close(got, params)
+  _, again = weight_cache.load_gguf_cached(path, cache)  # the rebuilt entry verifies
+  assert reader.opens == 1
+
+
+def test_a_rewritten_gguf_is_rehashed_even_with_its_mtime_restored(tiny, tmp_path):
+  config, params = tiny
+  path = tmp_path / 'tiny.gguf'
+  write_gguf(path, config, params)
+  cache = tmp_path / 'cache'
+  before = weight_cache.file_sha256(path, cache)
+  stat = path.stat()
+  with path.open('r+b') as f:  # same size, new bytes, old mtime
+    f.seek(stat.st_size - 8)
+    f.write(b'\xff' * 8)
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  assert weight_cache.file_sha256(path, cache) != before
+
+
 def test_cache_is_keyed_by_content(tiny, tmp_path):
   config, params = tiny
   path = tmp_path / 'tiny.gguf'

@@ -99,12 +99,23 @@ def test_run_reports_an_unknown_key_plainly():
     ('mesh_data', 0),
     ('mesh_model', 0), ('max_cache_len', 0), ('output_dir', ''),
     ('gamma', '4'), ('batch_size', 2.0), ('chat_template', 'yes'), ('resume', 1),
+    ('too_long', 'skp'), ('prompts', '/'), ('tokenizer', '/'),
 ])
 def test_invalid_value_names_its_key(key, value):
   values = get_config().to_dict()
   values[key] = value
-  with pytest.raises(ValueError, match=key):
+  with pytest.raises(ValueError, match=key) as error:
     config_lib.ExperimentConfig.from_config(values)
+  if isinstance(value, (int, str)) and key not in ('ngram_max', 'draft_model'):
+    assert repr(value) in str(error.value) or str(value) in str(error.value)
+
+
+def test_each_entry_point_has_its_own_default_output_dir():
+  assert get_config().output_dir == 'results/gemma'
+  assert get_config('quick').output_dir == 'results/gemma-quick'
+  assert (get_config('drafters=ngram+early_exit,gamma=6').output_dir
+          == 'results/gemma-drafters_ngram+early_exit-gamma_6')
+  assert get_config('quick,output_dir=elsewhere').output_dir == 'elsewhere'
 
 
 def test_draft_model_drafter_needs_a_checkpoint():

@@ -7,15 +7,22 @@ Gemma 3 270M on two prompts.
 """
 
 import collections
+import hashlib
 import importlib.util
 import json
+import os
 import pathlib
 
 import pytest
 
 from specjax import experiment
+from specjax.checkpoints import CheckpointError
+from specjax.experiments import loading
+from specjax.experiments import lock as lock_lib
 from specjax.experiments import methods
 from specjax.experiments import prompts as prompts_lib
+from specjax.experiments import results as results_lib
+from specjax.experiments import tiny
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -216,6 +223,139 @@ def test_batches_give_each_prompt_the_tokens_it_gets_alone(tmp_path):
   assert rows[2]['wall_s'] == pytest.approx(rows[2]['batch_wall_s'])      # p3 runs alone
   for row in rows:
     assert row['output_ids'] == by_id[row['prompt_id']]['output_ids']
+
+
+# ---------------------------------------------------------------- runs that never lose rows
+
+
+def _snapshot(out):
+  return {p.name: p.read_bytes() for p in pathlib.Path(out).iterdir() if p.is_file()}
+
+
+def _failing_load(monkeypatch):
+  def load(cfg):
+    raise CheckpointError(f'{cfg.model}: simulated unreadable checkpoint')
+  monkeypatch.setattr(loading, 'load', load)
+
+
+def test_resume_false_with_an_invalid_value_keeps_the_old_rows(tmp_path, monkeypatch):
+  config = tiny_config(tmp_path, drafters=())
+  experiment.run_experiment(config)
+  before = _snapshot(config.output_dir)
+  with pytest.raises(ValueError, match=r'max_new_tokens is 100000'):
+    experiment.run_experiment(tiny_config(tmp_path, drafters=(), resume=False,
+                                          max_new_tokens=100000))
+  assert _snapshot(config.output_dir) == before
+  # A failure past the checks (the model does not load) keeps them too.
+  _failing_load(monkeypatch)
+  with pytest.raises(CheckpointError):
+    experiment.run_experiment(tiny_config(tmp_path, drafters=(), resume=False, max_new_tokens=5))
+  assert _snapshot(config.output_dir) == before
+
+
+def test_resume_false_sets_the_old_rows_aside_at_the_first_new_row(tmp_path):
+  experiment.run_experiment(tiny_config(tmp_path, drafters=()))
+  old_rows = read_rows(tiny_config(tmp_path))
+  experiment.run_experiment(tiny_config(tmp_path, drafters=(), resume=False, max_new_tokens=5))
+  out = pathlib.Path(tiny_config(tmp_path).output_dir)
+  previous = [json.loads(line) for line in (out / 'results.previous.jsonl').open()]
+  assert previous == old_rows
+  assert (out / 'summary.previous.json').exists()
+  assert len(read_rows(tiny_config(tmp_path))) == 3
+
+
+def test_a_failed_start_leaves_nothing_that_refuses_the_corrected_rerun(tmp_path, monkeypatch):
+  _failing_load(monkeypatch)
+  with pytest.raises(CheckpointError):
+    experiment.run_experiment(tiny_config(tmp_path, drafters=()))
+  assert not (pathlib.Path(tiny_config(tmp_path).output_dir) / 'config.json').exists()
+  monkeypatch.undo()
+  experiment.run_experiment(tiny_config(tmp_path, drafters=(), max_new_tokens=5))  # not refused
+  assert len(read_rows(tiny_config(tmp_path))) == 3
+
+
+def test_a_truncated_config_json_does_not_lock_the_directory(tmp_path, monkeypatch):
+  config = tiny_config(tmp_path, drafters=())
+  experiment.run_experiment(config)
+  out = pathlib.Path(config.output_dir)
+  rows = read_rows(config)
+  (out / 'config.json').write_text((out / 'config.json').read_text()[:40])
+  _failing_load(monkeypatch)  # every row is there: nothing may be recomputed
+  summary = experiment.run_experiment(config)
+  assert read_rows(config) == rows
+  assert summary['methods']['autoregressive']['prompts'] == 3
+  assert json.loads((out / 'config.json').read_text())['config']['max_new_tokens'] == 6
+
+
+def test_summaries_are_replaced_atomically(tmp_path):
+  results_lib.write_text(str(tmp_path), 'summary.md', 'old\n')
+  with pytest.raises(UnicodeEncodeError):
+    results_lib.write_text(str(tmp_path), 'summary.md', 'new ' * 10_000 + '\ud800')
+  assert (tmp_path / 'summary.md').read_text() == 'old\n'
+  assert [p.name for p in tmp_path.iterdir()] == ['summary.md']
+
+
+def test_a_locked_output_dir_is_refused(tmp_path):
+  config = tiny_config(tmp_path, drafters=())
+  os.makedirs(config.output_dir)
+  with lock_lib.DirectoryLock(config.output_dir):
+    with pytest.raises(ValueError, match=r'output_dir .* is in use by another run \(pid'):
+      experiment.run_experiment(config)
+  assert not (pathlib.Path(config.output_dir) / 'results.jsonl').exists()
+
+
+def test_a_different_checkpoint_at_the_same_path_is_not_taken_for_the_old(tmp_path, monkeypatch):
+  """Rows are keyed by the checkpoint's content, not its path."""
+  model_file = tmp_path / 'model.gguf'
+  model_file.write_bytes(b'GGUF' + bytes(1000))
+  monkeypatch.setattr(loading, 'tokenizer', lambda cfg: tiny.ByteTokenizer())
+  monkeypatch.setattr(loading, 'load', lambda cfg: loading._load('tiny-random', 0, 1, 1))
+  monkeypatch.setenv('SPECJAX_CACHE_DIR', str(tmp_path / 'cache'))
+  config = tiny_config(tmp_path, drafters=(), model=str(model_file))
+  experiment.run_experiment(config)
+  stat = model_file.stat()
+  model_file.write_bytes(b'GGUF' + bytes(999) + b'\1')  # same size, same mtime, new content
+  os.utime(model_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  with pytest.raises(ValueError, match='changed: the contents of model'):
+    experiment.run_experiment(config)
+  recorded = json.loads((pathlib.Path(config.output_dir) / 'config.json').read_text())
+  assert recorded['checkpoint_sha256']['model'] == hashlib.sha256(
+      b'GGUF' + bytes(1000)).hexdigest()
+
+
+# ---------------------------------------------------------------- prompts too long for the cache
+
+
+def test_a_prompt_too_long_for_the_cache_is_named_by_its_id(tmp_path, monkeypatch):
+  # p1 (16 tokens) and p2 (12) need 16 + 6 + 4 and 12 + 6 + 4 slots; p3 (4) fits in 20.
+  _failing_load(monkeypatch)  # the check comes before any weight
+  with pytest.raises(ValueError, match=r"max_cache_len is 20: prompt 'p1' does not fit .*26 "
+                                       r"cache slots.*\(and 1 more: p2\).*too_long=skip"):
+    experiment.run_experiment(tiny_config(tmp_path, max_cache_len=20))
+  assert not pathlib.Path(tiny_config(tmp_path).output_dir).exists()
+
+
+def test_too_long_skip_records_the_prompt_as_skipped(tmp_path):
+  config = tiny_config(tmp_path, max_cache_len=20, too_long='skip')
+  summary = experiment.run_experiment(config)
+  rows = {(r['method'], r['prompt_id']): r for r in read_rows(config)}
+  assert len(rows) == 6
+  for method in ('autoregressive', 'ngram'):
+    assert 'skipped' not in rows[method, 'p3'] and rows[method, 'p3']['new_tokens'] >= 1
+    for prompt_id in ('p1', 'p2'):
+      assert 'cache slots > max_cache_len 20' in rows[method, prompt_id]['skipped']
+      assert 'output_ids' not in rows[method, prompt_id]
+  assert summary['methods']['ngram']['prompts'] == 1
+  assert set(summary['skipped']) == {'p1', 'p2'}
+  assert 'Skipped' in (pathlib.Path(config.output_dir) / 'summary.md').read_text()
+
+
+def test_a_sweep_whose_prompts_are_all_skipped_still_writes_its_table(tmp_path, monkeypatch):
+  _failing_load(monkeypatch)  # nothing to run, so nothing may load
+  config = tiny_config(tmp_path, max_cache_len=12, too_long='skip')
+  experiment.run_sweep(config, [dict(gamma=2), dict(gamma=3)])
+  sweep_md = (pathlib.Path(config.output_dir) / 'sweep.md').read_text()
+  assert '| ngram gamma=2 | 0 |' in sweep_md and '| ngram gamma=3 | 0 |' in sweep_md
 
 
 # ---------------------------------------------------------------- the real model

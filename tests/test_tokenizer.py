@@ -9,7 +9,9 @@ advance, in milliseconds.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import struct
 
 import gguf
 import pytest
@@ -87,11 +89,13 @@ def test_model_file_matches_gguf(gemma_metadata, gemma, reference, tmp_path):
   assert from_file.vocab_size == gemma.vocab_size
 
 
-def test_from_gguf_matches_metadata(gemma_gguf, gemma, reference):
+def test_from_gguf_matches_metadata(gemma_gguf, gemma, reference, tmp_path):
   """Whether it reads the GGUF or its cached proto, `from_gguf` builds the same tokenizer."""
-  from_gguf = Tokenizer.from_gguf(gemma_gguf)
   texts = [c['text'] for c in reference]
-  assert [from_gguf.encode(t) for t in texts] == [gemma.encode(t) for t in texts]
+  for _ in ('built', 'cached'):
+    from_gguf = Tokenizer.from_gguf(gemma_gguf, cache_dir=tmp_path)
+    assert [from_gguf.encode(t) for t in texts] == [gemma.encode(t) for t in texts]
+  assert len(list((tmp_path / 'tokenizers').glob('*.model'))) == 1
 
 
 def test_gemma_special_ids(gemma):
@@ -199,16 +203,49 @@ def test_toy_specials(toy):
   assert toy.vocab_size == len(_TOY)
 
 
-def test_gguf_cache_is_written_and_reused(tmp_path):
+def _cached(cache_dir):
+  return sorted((cache_dir / 'tokenizers').glob('*.model'))
+
+
+def test_gguf_cache_is_written_and_reused(tmp_path, monkeypatch):
   path = _write_gguf(tmp_path / 'toy.gguf')
-  first = Tokenizer.from_gguf(path)
-  cached = list(tmp_path.glob('toy.gguf.*.tokenizer.model'))
-  assert len(cached) == 1
-  again = Tokenizer.from_gguf(path)
+  first = Tokenizer.from_gguf(path, cache_dir=tmp_path / 'cache')
+  assert len(_cached(tmp_path / 'cache')) == 1
+  monkeypatch.setattr(gguf_loader, 'read_gguf_metadata', None)  # Proves the cache is read.
+  again = Tokenizer.from_gguf(path, cache_dir=tmp_path / 'cache')
   assert again.encode('a  b<end_of_turn>') == first.encode('a  b<end_of_turn>')
-  cached[0].write_bytes(b'corrupt')  # Proves the second load read the cache.
-  with pytest.raises(ValueError, match='not a SentencePiece model'):
-    Tokenizer.from_gguf(path)
+
+
+def test_a_damaged_cached_tokenizer_is_rebuilt(tmp_path, caplog):
+  path = _write_gguf(tmp_path / 'toy.gguf')
+  cache = tmp_path / 'cache'
+  first = Tokenizer.from_gguf(path, cache_dir=cache)
+  [cached] = _cached(cache)
+  good = cached.read_bytes()
+  # One piece's score changed: a valid proto that tokenizes differently, so only a digest tells.
+  damaged = good.replace(struct.pack('<f', -6.0), struct.pack('<f', 0.0), 1)
+  assert damaged != good
+  tokenizer_lib.sp_pb2.ModelProto().ParseFromString(damaged)
+  cached.write_bytes(damaged)
+  again = Tokenizer.from_gguf(path, cache_dir=cache)
+  assert 'is damaged' in caplog.text
+  assert again.encode('ab ab a  b') == first.encode('ab ab a  b')
+  [rebuilt] = _cached(cache)
+  assert rebuilt.read_bytes() == good
+
+
+def test_a_gguf_rewritten_at_the_same_path_misses_the_cache(tmp_path):
+  """Same size and mtime, different content: the old proto must not be reused."""
+  path = _write_gguf(tmp_path / 'toy.gguf')
+  Tokenizer.from_gguf(path, cache_dir=tmp_path / 'cache')
+  stat = path.stat()
+  data = path.read_bytes().replace(b'<start_of_turn>', b'<start_of_talk>')
+  path.write_bytes(data)
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  assert path.stat().st_size == stat.st_size
+  retyped = Tokenizer.from_gguf(path, cache_dir=tmp_path / 'cache')
+  assert retyped.start_of_turn_id is None  # '<start_of_turn>' is gone from the new vocabulary
+  assert len(_cached(tmp_path / 'cache')) == 2
 
 
 # ---------------------------------------------------------------- bad input

@@ -3,10 +3,12 @@
 `load_checkpoint` picks the loader from what its argument is; every loader
 returns (GemmaConfig, params) with float32 host arrays in the layout of
 `specjax.models.gemma`, and raises CheckpointError naming the file at fault.
+`content_digest` names a checkpoint by its bytes rather than its path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 from specjax.checkpoints.errors import CheckpointError
 from specjax.models.config import GemmaConfig
 
-__all__ = ['CheckpointError', 'load_checkpoint']
+__all__ = ['CheckpointError', 'content_digest', 'load_checkpoint']
 
 _GGUF_MAGIC = b'GGUF'
 
@@ -58,3 +60,28 @@ def load_checkpoint(path_or_name: str | os.PathLike, cache_dir: str | os.PathLik
     raise CheckpointError(f'{path}: not a GGUF file; pass a .gguf file, a Hugging Face '
                           'directory or an Orbax checkpoint directory')
   raise CheckpointError(f'{path}: no such file or directory')
+
+
+def content_digest(path_or_name: str | os.PathLike, cache_dir: str | os.PathLike | None = None
+                   ) -> str:
+  """A sha256 that changes whenever the checkpoint's bytes do (what resumed rows are keyed by).
+
+  The embedded model's is its package's, which `assemble` checks the file
+  against on every load; a file's is `weight_cache.file_sha256` (memoised, so
+  only a changed file is read again); a directory's covers every file's
+  relative path and sha256.
+  """
+  from specjax.checkpoints import embedded  # pylint: disable=g-import-not-at-top
+  from specjax.checkpoints import weight_cache  # pylint: disable=g-import-not-at-top
+  if str(path_or_name) == embedded.EMBEDDED_NAME:
+    return embedded.content_sha256()
+  path = Path(path_or_name).expanduser()
+  if path.is_file():
+    return weight_cache.file_sha256(path, cache_dir)
+  if not path.is_dir():
+    raise CheckpointError(f'{path}: no such file or directory')
+  digest = hashlib.sha256()
+  for file in sorted(p for p in path.rglob('*') if p.is_file()):
+    digest.update(f'{file.relative_to(path)}\0{weight_cache.file_sha256(file, cache_dir)}\n'
+                  .encode())
+  return digest.hexdigest()

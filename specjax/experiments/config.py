@@ -1,8 +1,10 @@
 """The experiment's settings as one frozen dataclass, checked once at the edge.
 
 `configs/*.py` build an `ml_collections.ConfigDict`; nothing past
-`ExperimentConfig.from_config` sees it. Every check raises a ValueError that
-names the config key, so a typo fails before a model is loaded.
+`ExperimentConfig.from_config` sees it. Every check raises a ConfigError (a
+ValueError) that names the config key and its value, so a typo fails before a
+model is loaded. Checks that need more than the values (devices, prompt
+lengths) are in `preflight.py`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ BASELINE = 'autoregressive'
 TINY_RANDOM = 'tiny-random'  # a random tiny model with a byte tokenizer, for tests only
 EMBEDDED_PREFIX = 'embedded:'
 EMBEDDED_MODELS = (embedded.EMBEDDED_NAME,)
+TOO_LONG_CHOICES = ('error', 'skip')  # what to do with a prompt the KV cache cannot hold
 
 # Keys that change what every method computes or how fast: rows written under
 # other values of these cannot be reused.
@@ -53,6 +56,7 @@ class ExperimentConfig:
   resume: bool
   chat_template: bool | str     # True, False or 'auto': on when the checkpoint carries a template
   max_cache_len: int
+  too_long: str
   mesh_data: int
   mesh_model: int
   drafters: tuple[str, ...]
@@ -86,10 +90,11 @@ class ExperimentConfig:
   def __post_init__(self):
     _check_types(self)
     for key in ('limit', 'top_k'):
-      _check(getattr(self, key) >= 0, key, 'must be >= 0 (0 switches it off)')
+      _check(getattr(self, key) >= 0, key, f'is {getattr(self, key)}: must be >= 0 (0 switches '
+             'it off)')
     for key in ('max_new_tokens', 'batch_size', 'max_cache_len', 'mesh_data', 'mesh_model',
                 'gamma'):
-      _check(getattr(self, key) >= 1, key, 'must be >= 1')
+      _check(getattr(self, key) >= 1, key, f'is {getattr(self, key)}: must be >= 1')
     for name in drafters.DRAFTER_NAMES:  # every entry, so a typo fails even when unused
       try:
         drafters.settings_for(name, getattr(self, name))
@@ -100,9 +105,11 @@ class ExperimentConfig:
       self.sampling
     except ValueError as e:
       raise ConfigError(f'config: {e}') from None
-    _check(self.output_dir != '', 'output_dir', 'must name a directory')
+    _check(self.output_dir != '', 'output_dir', "is '': must name a directory")
     _check(isinstance(self.chat_template, bool) or self.chat_template == 'auto', 'chat_template',
-           f"must be True, False or 'auto', got {self.chat_template!r}")
+           f"is {self.chat_template!r}: must be True, False or 'auto'")
+    _check(self.too_long in TOO_LONG_CHOICES, 'too_long',
+           f'is {self.too_long!r}: must be one of {", ".join(TOO_LONG_CHOICES)}')
     _check(self.model == TINY_RANDOM or _is_checkpoint(self.model), 'model',
            f'is {self.model!r}: not {TINY_RANDOM!r}, not embedded:NAME and not an existing path')
     for key, value in (('model', self.model),
@@ -113,10 +120,17 @@ class ExperimentConfig:
     for key in ('tokenizer', 'prompts'):
       path = getattr(self, key)
       _check(not path or os.path.exists(path), key, f'is {path!r}, which does not exist')
+    _check(not self.prompts or not os.path.isdir(self.prompts), 'prompts',
+           f'is {self.prompts!r}, a directory: name a JSONL file')
+    _check(not os.path.isdir(self.tokenizer)
+           or os.path.isfile(os.path.join(self.tokenizer, 'tokenizer.model')), 'tokenizer',
+           f'is {self.tokenizer!r}, a directory without a tokenizer.model: name a .gguf or '
+           'tokenizer.model file')
     for name in self.drafters:
       _check(name in DRAFTERS, 'drafters',
              f'holds unknown drafter {name!r}; known: {", ".join(DRAFTERS)}')
-    _check(len(set(self.drafters)) == len(self.drafters), 'drafters', 'names a drafter twice')
+    _check(len(set(self.drafters)) == len(self.drafters), 'drafters',
+           f'is {self.drafters!r}: names a drafter twice')
     if 'draft_model' in self.drafters:
       checkpoint = self.draft_model.get('checkpoint', '')
       _check(checkpoint != '', 'draft_model.checkpoint',
@@ -154,10 +168,18 @@ class ExperimentConfig:
     """The baseline first: every speculative row is compared with it."""
     return (BASELINE,) + self.drafters
 
-  def fingerprint(self, method: str = BASELINE) -> str:
-    """A short hash of the settings `method`'s rows depend on (resume keys)."""
+  def fingerprint(self, method: str = BASELINE, checkpoints: Mapping[str, str] | None = None
+                  ) -> str:
+    """A short hash of the settings `method`'s rows depend on (resume keys).
+
+    `checkpoints` maps 'model' / 'draft_model' to the content digest of the
+    checkpoint it names: a path alone would let rows of an old file at that
+    path stand for a new one.
+    """
     keys = SHARED_KEYS + ((method,) + _LOOP_KEYS if method in DRAFTERS else ())
-    return _hash({k: getattr(self, k) for k in keys})
+    values = {k: getattr(self, k) for k in keys}
+    values.update({f'{k}_sha256': v for k, v in (checkpoints or {}).items() if k in keys})
+    return _hash(values)
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -192,5 +214,5 @@ def _check_types(config: ExperimentConfig) -> None:
       kind_name = 'a tuple of names'
     else:
       ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-      kind_name = f'a {field.type}'
+      kind_name = f'an {field.type}' if field.type == 'int' else f'a {field.type}'
     _check(ok, field.name, f'must be {kind_name}, got {value!r}')

@@ -2,7 +2,8 @@
 
 The tokenizer comes from the checkpoint when it carries one (a GGUF file's
 metadata, a Hugging Face directory's tokenizer.model); `config.tokenizer`
-overrides that and is required for checkpoints without one.
+overrides that and is required for checkpoints without one. The tokenizer is
+read on its own, before any weight, so prompt lengths are checked first.
 """
 
 from __future__ import annotations
@@ -21,24 +22,44 @@ from specjax.tokenizer import Tokenizer
 
 
 def load(config: ExperimentConfig):
-  """(LanguageModel, params, tokenizer) for `config.model`.
+  """(LanguageModel, params) for `config.model`.
 
   The last model loaded stays in memory, so the points of a sweep, or a
   notebook's second run, do not read the checkpoint again.
   """
-  return _load(config.model, config.tokenizer, config.seed if config.model == TINY_RANDOM else 0,
+  return _load(config.model, config.seed if config.model == TINY_RANDOM else 0,
                config.mesh_data, config.mesh_model)
 
 
 @functools.lru_cache(maxsize=1)
-def _load(model: str, tokenizer_path: str, seed: int, mesh_data: int, mesh_model: int):
+def _load(model: str, seed: int, mesh_data: int, mesh_model: int):
   if model == TINY_RANDOM:
-    model_config, params, tokenizer = tiny.load(seed)
+    model_config, params, _ = tiny.load(seed)
   else:
     model_config, params = checkpoints.load_checkpoint(model)
-    tokenizer = load_tokenizer(tokenizer_path or _tokenizer_source(model))
   mesh = sharding.make_mesh(mesh_data, mesh_model) if mesh_data * mesh_model > 1 else None
-  return *_place(model_config, params, mesh), tokenizer
+  return _place(model_config, params, mesh)
+
+
+def tokenizer(config: ExperimentConfig):
+  """The run's tokenizer, read before the model so that prompt lengths are checked first."""
+  if config.model == TINY_RANDOM:
+    return tiny.ByteTokenizer()
+  key, path = (('tokenizer', config.tokenizer) if config.tokenizer
+               else ('model', _tokenizer_source(config.model)))
+  try:
+    return load_tokenizer(path)
+  except (OSError, ValueError) as e:
+    raise ConfigError(f'config.{key} is {getattr(config, key)!r}: no usable tokenizer in '
+                      f'{path} ({e})') from None
+
+
+def checkpoint_digests(config: ExperimentConfig) -> dict[str, str]:
+  """{'model': sha256, 'draft_model': sha256 when that drafter runs}: what resumed rows match."""
+  names = {'model': config.model} if config.model != TINY_RANDOM else {}
+  if 'draft_model' in config.drafters:
+    names['draft_model'] = config.draft_model['checkpoint']
+  return {key: checkpoints.content_digest(name) for key, name in names.items()}
 
 
 def load_draft_model(config: ExperimentConfig, target: language_model.LanguageModel):

@@ -23,6 +23,7 @@ from specjax.decoding import program
 from specjax.decoding import speculative
 from specjax.decoding import step_costs
 from specjax.experiments import loading
+from specjax.experiments import preflight
 from specjax.experiments.config import BASELINE, ExperimentConfig
 
 
@@ -65,7 +66,7 @@ def _autoregressive(model, params, config: ExperimentConfig, eos_ids) -> Runner:
         model, params, packed, max_new_tokens=config.max_new_tokens, sampling=config.sampling,
         eos_ids=eos_ids, seed=config.seed)
     return BatchResult(out.new_tokens, out.wall_s, [{} for _ in out.new_tokens])
-  return Runner(run, _packer(model, config, extra_slots=1))
+  return Runner(run, _packer(model, config, preflight.verify_slots(config, BASELINE)))
 
 
 def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runner:
@@ -85,7 +86,7 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
                   acceptance_by_position=out.accepted_at_position[i])
              for i in range(len(out.new_tokens))]
     return BatchResult(out.new_tokens, out.wall_s, stats)
-  return Runner(run, _packer(model, config, extra_slots=config.gamma + 1))
+  return Runner(run, _packer(model, config, preflight.verify_slots(config, name)))
 
 
 def _policy(model, params, config: ExperimentConfig, shape_BxS: tuple[int, int]

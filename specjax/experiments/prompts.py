@@ -28,8 +28,15 @@ class Prompt:
 def load_prompts(path: str = '') -> list[Prompt]:
   """Prompts from `path`, or the built-in set when it is ''."""
   if path:
-    with open(path, encoding='utf-8') as f:
-      return parse_jsonl(f.read(), path)
+    try:
+      with open(path, encoding='utf-8') as f:
+        return parse_jsonl(f.read(), path)
+    except UnicodeDecodeError as e:
+      raise ConfigError(f'config.prompts is {path!r}, which is not UTF-8 text ({e.reason} at '
+                        f'byte {e.start})') from None
+    except OSError as e:  # a directory, no permission, ...
+      raise ConfigError(f'config.prompts is {path!r}, which cannot be read: '
+                        f'{e.strerror or e}') from None
   source = importlib.resources.files('specjax.prompts') / BUILTIN
   return parse_jsonl(source.read_text(encoding='utf-8'), f'specjax/prompts/{BUILTIN}')
 

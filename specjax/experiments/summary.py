@@ -76,6 +76,9 @@ def markdown(summary: dict[str, Any]) -> str:
   if 'prompt_format' in summary:  # summaries written before it was recorded lack it
     parts += [f'Prompt format: {summary["prompt_format"]["reason"]}', '']
   parts += [f'Command: `{summary["command"]}`', '', table(summary['methods'])]
+  if summary.get('skipped'):
+    parts += ['', f'Skipped, too long for the KV cache (in no figure): '
+                  f'{", ".join(summary["skipped"])}.']
   for category, figures in summary['categories'].items():
     parts += ['', f'## {category}', '', table(figures)]
   return '\n'.join(parts) + '\n'

@@ -1,0 +1,96 @@
+"""What is checked before a model loads, beyond the config's own values.
+
+The output directory, the device count against the mesh, and each prompt's
+KV cache room: its
+tokens, `max_new_tokens` and the verify slots must fit in `max_cache_len`.
+Found later, inside a compiled batch, the same faults cost the weight load
+and name a prompt by its batch index. A prompt that does not fit stops the
+run, naming it, or with `too_long='skip'` is recorded as skipped for every
+method, so the methods are still compared on the same prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+import os
+
+from absl import logging
+import jax
+
+from specjax.experiments.config import BASELINE, ConfigError, ExperimentConfig
+
+
+def verify_slots(config: ExperimentConfig, method: str) -> int:
+  """Cache slots a step may write past the last committed token: gamma + 1 for a
+  speculative verify step, 1 for a decode step (whose entry is written twice).
+  The one place that knows this; `methods.py` packs batches with it too."""
+  return 1 if method == BASELINE else config.gamma + 1
+
+
+def slots_needed(config: ExperimentConfig, prompt_tokens: int) -> tuple[int, int]:
+  """(cache slots, verify slots) a prompt of `prompt_tokens` needs under every method."""
+  extra = max(verify_slots(config, m) for m in config.methods)
+  return prompt_tokens + config.max_new_tokens + extra, extra
+
+
+def check_config(config: ExperimentConfig) -> None:
+  """The output directory, the mesh against the devices, the token budget against the cache."""
+  _check_output_dir(config.output_dir)
+  devices = jax.devices()
+  wanted = config.mesh_data * config.mesh_model
+  if wanted > len(devices):
+    raise ConfigError(
+        f'config.mesh_data={config.mesh_data} x config.mesh_model={config.mesh_model} needs '
+        f'{wanted} devices; this machine has {len(devices)} ({devices[0].platform})')
+  needed, extra = slots_needed(config, 1)  # a prompt is at least its BOS
+  if needed > config.max_cache_len:
+    raise ConfigError(
+        f'config.max_new_tokens is {config.max_new_tokens}: with {extra} verify slots even a '
+        f'one-token prompt needs {needed} cache slots, more than config.max_cache_len '
+        f'({config.max_cache_len})')
+
+
+def _check_output_dir(output_dir: str) -> None:
+  """A directory, or creatable under a writable one; nothing is created yet."""
+  target = os.path.abspath(output_dir)
+  if os.path.exists(target) and not os.path.isdir(target):
+    raise ConfigError(f'config.output_dir is {output_dir!r}, which is a file')
+  parent = target
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ConfigError(f'config.output_dir is {output_dir!r}, but {parent} is a file')
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise ConfigError(f'config.output_dir is {output_dir!r}, but {parent} is not writable')
+
+
+def fit_prompts(config: ExperimentConfig, prompt_ids: Sequence[str],
+                token_ids: Mapping[str, Sequence[int]]) -> dict[str, str]:
+  """{prompt id: why} for prompts to skip; raises unless `config.too_long` is 'skip'."""
+  too_long = {}
+  for prompt_id in prompt_ids:
+    n = len(token_ids[prompt_id])
+    needed, extra = slots_needed(config, n)
+    if needed > config.max_cache_len:
+      too_long[prompt_id] = (f'{n} prompt tokens + max_new_tokens {config.max_new_tokens} + '
+                             f'{extra} verify slots = {needed} cache slots > max_cache_len '
+                             f'{config.max_cache_len}')
+  if not too_long:
+    return {}
+  if config.too_long == 'skip':
+    for prompt_id, why in too_long.items():
+      logging.warning('skipping prompt %s: %s', prompt_id, why)
+    return too_long
+  (first, why), more = next(iter(too_long.items())), len(too_long) - 1
+  others = f' (and {more} more: {", ".join(list(too_long)[1:6])}{", ..." if more > 5 else ""})'
+  raise ConfigError(
+      f'config.max_cache_len is {config.max_cache_len}: prompt {first!r} does not fit ({why})'
+      f'{others if more else ""}; raise max_cache_len, lower max_new_tokens, or set '
+      'config.too_long=skip to skip such prompts')
+
+
+def check_model(config: ExperimentConfig, max_position: int) -> None:
+  """After loading: the cache cannot outgrow the model's context."""
+  if config.max_cache_len > max_position:
+    raise ConfigError(f'config.max_cache_len is {config.max_cache_len}, more than the model\'s '
+                      f'context ({max_position} positions): set it to at most {max_position}')

@@ -355,7 +355,7 @@ def test_a_sweep_whose_prompts_are_all_skipped_still_writes_its_table(tmp_path, 
   config = tiny_config(tmp_path, max_cache_len=12, too_long='skip')
   experiment.run_sweep(config, [dict(gamma=2), dict(gamma=3)])
   sweep_md = (pathlib.Path(config.output_dir) / 'sweep.md').read_text()
-  assert '| ngram gamma=2 | 0 |' in sweep_md and '| ngram gamma=3 | 0 |' in sweep_md
+  assert '| gamma=2: ngram | 0 |' in sweep_md and '| gamma=3: ngram | 0 |' in sweep_md
 
 
 # ---------------------------------------------------------------- the real model

@@ -1,8 +1,8 @@
 """specjax autoregressive greedy decoding against Hugging Face transformers' `generate`.
 
 Gemma 3 270M from the embedded GGUF, float32, batch 1, greedy, on the CPU with
-`--threads` threads, on the same token ids (specjax's tokenizer, chat template
-and BOS) for both. EOS is ignored so both sides generate exactly
+`--threads` threads, on the same token ids (specjax's tokenizer, the raw
+built-in completion prompts and BOS) for both. EOS is ignored so both sides generate exactly
 `--max_new_tokens` tokens. One run prints, as ratios measured in that run:
 
   * end-to-end tokens/s (prefill included) per prompt and overall;
@@ -48,6 +48,8 @@ from absl import flags
 from absl import logging
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
 
 MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Tokens generated per prompt (N).')
 NUM_PROMPTS = flags.DEFINE_integer('num_prompts', 4, 'Built-in prompts, spread over lengths.')
@@ -225,7 +227,7 @@ def choose_prompts(num: int) -> tuple[list[dict], dict]:
   from specjax.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   tokenizer, seconds = _timed(lambda: Tokenizer.from_gguf(embedded.default_gguf_path()))
   encoded = sorted(
-      ({'id': p.id, 'ids': tokenizer.encode(tokenizer.apply_chat_template(p.text), add_bos=True)}
+      ({'id': p.id, 'ids': tokenizer.encode(p.text, add_bos=True)}   # raw text: a base model
        for p in prompts_lib.load_prompts('')), key=lambda p: (len(p['ids']), p['id']))
   num = min(num, len(encoded))
   picks = sorted({round(i * (len(encoded) - 1) / max(1, num - 1)) for i in range(num)})
@@ -259,7 +261,7 @@ def report(raw: dict) -> str:
       f"calls, the two sides' calls interleaved; jax {sj['jax']}, torch {hf['torch']}, "
       f"transformers {hf['transformers']}.",
       f"Load average (1/5/15 min) on {raw['cpu_count']} CPUs: start {raw['loadavg_start']}, "
-      f"after loading {raw['loadavg_loaded']}, end {raw['loadavg_end']}.", '',
+      f"after loading {raw['loadavg_loaded']}, end {raw['loadavg_end']}.", cpu_info.describe(), '',
       '| prompt | prompt tokens | specjax tok/s | transformers tok/s | specjax / transformers | '
       'specjax decode ms/token | transformers decode ms/token | transformers / specjax | '
       'tokens match |',

@@ -55,9 +55,8 @@ def _logits(config: GemmaConfig, params: dict) -> np.ndarray:
   tokens_BxT = jnp.array([[2, 7, 11, 3, 60, 5, 5, 9, 1, 33]], jnp.int32)
   positions_BxT = jnp.arange(tokens_BxT.shape[1], dtype=jnp.int32)[None]
   cache = kv_cache.init(config, batch=1, num_slots=16)
-  logits_BxTxV, _ = gemma.Transformer(config).apply({'params': params}, tokens_BxT,
-                                                    positions_BxT, cache)
-  return np.asarray(logits_BxTxV)
+  out = gemma.Transformer(config).apply({'params': params}, tokens_BxT, positions_BxT, cache)
+  return np.asarray(out.logits_BxRxV)
 
 
 def _names(*parts: object) -> str:
@@ -77,8 +76,7 @@ def _assert_trees_close(got: dict, want: dict, atol: float = 0.0) -> None:
 
 def _gguf_tensors(config: GemmaConfig, params: dict) -> dict[str, np.ndarray]:
   """llama.cpp's names, each matrix stored (out, in)."""
-  d = config.embed_dim
-  out = {'token_embd.weight': params['embedding_DxV'].T,
+  out = {'token_embd.weight': params['embedding_VxD'],
          'output_norm.weight': params['final_norm']['scale']}
   for i in range(config.num_layers):
     layer = params[f'layer_{i}']
@@ -88,13 +86,13 @@ def _gguf_tensors(config: GemmaConfig, params: dict) -> dict[str, np.ndarray]:
         f'blk.{i}.post_attention_norm.weight': layer['post_attention_norm']['scale'],
         f'blk.{i}.ffn_norm.weight': layer['pre_ffw_norm']['scale'],
         f'blk.{i}.post_ffw_norm.weight': layer['post_ffw_norm']['scale'],
-        f'blk.{i}.attn_q.weight': attn['q_DxNxH'].reshape(d, -1).T,
-        f'blk.{i}.attn_k.weight': attn['k_DxKxH'].reshape(d, -1).T,
-        f'blk.{i}.attn_v.weight': attn['v_DxKxH'].reshape(d, -1).T,
-        f'blk.{i}.attn_output.weight': attn['o_NxHxD'].reshape(-1, d).T,
-        f'blk.{i}.ffn_gate.weight': mlp['gate_DxF'].T,
-        f'blk.{i}.ffn_up.weight': mlp['up_DxF'].T,
-        f'blk.{i}.ffn_down.weight': mlp['down_FxD'].T,
+        f'blk.{i}.attn_q.weight': attn['q_NHxD'],
+        f'blk.{i}.attn_k.weight': attn['k_KHxD'],
+        f'blk.{i}.attn_v.weight': attn['v_KHxD'],
+        f'blk.{i}.attn_output.weight': attn['o_DxNH'],
+        f'blk.{i}.ffn_gate.weight': mlp['gate_FxD'],
+        f'blk.{i}.ffn_up.weight': mlp['up_FxD'],
+        f'blk.{i}.ffn_down.weight': mlp['down_DxF'],
     })
     if config.use_qk_norm:
       out[f'blk.{i}.attn_q_norm.weight'] = attn['query_norm']['scale']
@@ -324,7 +322,7 @@ def test_interrupted_cache_entry_is_rebuilt(tiny, tmp_path, monkeypatch):
   entry = weight_cache.entry_dir(weight_cache.file_sha256(path, cache), cache)
   # An interrupted write: no marker, and a leaf cut short.
   (entry / weight_cache.COMPLETE_MARKER).unlink()
-  leaf = entry / 'params' / 'embedding_DxV.npy'
+  leaf = entry / 'params' / 'embedding_VxD.npy'
   leaf.write_bytes(leaf.read_bytes()[:100])
   reader = _CountingReader(monkeypatch)
   _, rebuilt = weight_cache.load_gguf_cached(path, cache)
@@ -344,7 +342,7 @@ def test_cache_entry_damaged_in_place_is_detected_and_rebuilt(tiny, tmp_path, mo
   cache = tmp_path / 'cache'
   weight_cache.load_gguf_cached(path, cache)
   entry = weight_cache.entry_dir(weight_cache.file_sha256(path, cache), cache)
-  leaf = entry / 'params' / 'embedding_DxV.npy'
+  leaf = entry / 'params' / 'embedding_VxD.npy'
   stat = leaf.stat()
   with leaf.open('r+b') as f:
     f.seek(stat.st_size // 2)
@@ -353,7 +351,7 @@ def test_cache_entry_damaged_in_place_is_detected_and_rebuilt(tiny, tmp_path, mo
   reader = _CountingReader(monkeypatch)
   _, got = weight_cache.load_gguf_cached(path, cache)
   assert reader.opens == 1, 'the damaged entry must be rebuilt from the GGUF'
-  assert 'embedding_DxV.npy does not match the digest' in caplog.text
+  assert 'embedding_VxD.npy does not match the digest' in caplog.text
   _assert_trees_close(got, params)
   _, again = weight_cache.load_gguf_cached(path, cache)  # the rebuilt entry verifies
   assert reader.opens == 1
@@ -407,8 +405,7 @@ def hf_config_json(config: GemmaConfig) -> dict:
 
 def hf_tensors(config: GemmaConfig, params: dict, prefix: str = 'model.') -> dict[str, np.ndarray]:
   """transformers' names; Linear weights (out, in); norms store w of Gemma's (1 + w)."""
-  d = config.embed_dim
-  out = {f'{prefix}embed_tokens.weight': params['embedding_DxV'].T,
+  out = {f'{prefix}embed_tokens.weight': params['embedding_VxD'],
          f'{prefix}norm.weight': params['final_norm']['scale'] - 1}
   for i in range(config.num_layers):
     layer = params[f'layer_{i}']
@@ -419,15 +416,15 @@ def hf_tensors(config: GemmaConfig, params: dict, prefix: str = 'model.') -> dic
         p + 'post_attention_layernorm.weight': layer['post_attention_norm']['scale'] - 1,
         p + 'pre_feedforward_layernorm.weight': layer['pre_ffw_norm']['scale'] - 1,
         p + 'post_feedforward_layernorm.weight': layer['post_ffw_norm']['scale'] - 1,
-        p + 'self_attn.q_proj.weight': attn['q_DxNxH'].reshape(d, -1).T,
-        p + 'self_attn.k_proj.weight': attn['k_DxKxH'].reshape(d, -1).T,
-        p + 'self_attn.v_proj.weight': attn['v_DxKxH'].reshape(d, -1).T,
-        p + 'self_attn.o_proj.weight': attn['o_NxHxD'].reshape(-1, d).T,
+        p + 'self_attn.q_proj.weight': attn['q_NHxD'],
+        p + 'self_attn.k_proj.weight': attn['k_KHxD'],
+        p + 'self_attn.v_proj.weight': attn['v_KHxD'],
+        p + 'self_attn.o_proj.weight': attn['o_DxNH'],
         p + 'self_attn.q_norm.weight': attn['query_norm']['scale'] - 1,
         p + 'self_attn.k_norm.weight': attn['key_norm']['scale'] - 1,
-        p + 'mlp.gate_proj.weight': mlp['gate_DxF'].T,
-        p + 'mlp.up_proj.weight': mlp['up_DxF'].T,
-        p + 'mlp.down_proj.weight': mlp['down_FxD'].T,
+        p + 'mlp.gate_proj.weight': mlp['gate_FxD'],
+        p + 'mlp.up_proj.weight': mlp['up_FxD'],
+        p + 'mlp.down_proj.weight': mlp['down_DxF'],
     })
   return {name: np.ascontiguousarray(x) for name, x in out.items()}
 
@@ -472,8 +469,8 @@ def test_safetensors_bf16_multimodal_layout(tiny, tmp_path):
   want = {n: np.asarray(x, np.float32) for n, x in hf_tensors(config, params).items()}
   flat = param_tree.flatten(got)
   np.testing.assert_array_equal(
-      flat['embedding_DxV'],
-      want['model.embed_tokens.weight'].astype(ml_dtypes.bfloat16).astype(np.float32).T)
+      flat['embedding_VxD'],
+      want['model.embed_tokens.weight'].astype(ml_dtypes.bfloat16).astype(np.float32))
   _assert_trees_close(got, params, atol=0.02)
   np.testing.assert_allclose(_logits(config, got), _logits(config, params), atol=0.1)
 

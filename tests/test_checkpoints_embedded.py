@@ -27,10 +27,10 @@ def target():
 def test_embedded_target_is_gemma3_270m(target):
   config, params = target
   assert config == MODEL_CONFIGS['gemma3-270m']
-  assert params['embedding_DxV'].shape == (640, 262_144)
-  assert params['layer_0']['attn']['q_DxNxH'].shape == (640, 4, 256)
-  assert params['layer_17']['mlp']['down_FxD'].shape == (2048, 640)
-  assert params['embedding_DxV'].dtype == np.float32
+  assert params['embedding_VxD'].shape == (262_144, 640)
+  assert params['layer_0']['attn']['q_NHxD'].shape == (4 * 256, 640)
+  assert params['layer_17']['mlp']['down_DxF'].shape == (640, 2048)
+  assert params['embedding_VxD'].dtype == np.float32
   # GGUF norms hold (1 + w): a final-norm scale of all ~0 would mean the shift was lost.
   assert np.abs(params['final_norm']['scale']).mean() > 1.0
 
@@ -47,6 +47,7 @@ def test_embedded_target_completes_a_pattern(target):
             '▁The', '▁capital', '▁of', '▁Germany', '▁is']
   tokens_BxT = jnp.array([[metadata['tokenizer.ggml.bos_token_id']] + [ids[p] for p in pieces]])
   positions_BxT = jnp.arange(tokens_BxT.shape[1])[None]
-  logits_BxTxV, _ = gemma.Transformer(config).apply(
-      {'params': params}, tokens_BxT, positions_BxT, kv_cache.init(config, 1, tokens_BxT.shape[1]))
+  logits_BxTxV = gemma.Transformer(config).apply(
+      {'params': params}, tokens_BxT, positions_BxT,
+      kv_cache.init(config, 1, tokens_BxT.shape[1])).logits_BxRxV
   assert vocab[int(jnp.argmax(logits_BxTxV[0, -1]))] == '▁Berlin'

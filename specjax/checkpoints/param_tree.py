@@ -1,7 +1,7 @@
 """The parameter tree as flat, dotted leaf names, and its check against a config.
 
 Loaders build the tree leaf by leaf and the weight cache stores one file per
-leaf; both need one spelling of a leaf's name ('layer_0.attn.q_DxNxH'). Every
+leaf; both need one spelling of a leaf's name ('layer_0.attn.q_NHxD'). Every
 loader ends with `check_params`, so a tree that reaches the model always has
 exactly the leaves and shapes `param_shapes(config)` says.
 """

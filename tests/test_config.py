@@ -171,3 +171,20 @@ def test_fingerprints_follow_what_each_method_depends_on():
   assert base.fingerprint('early_exit') == base.fingerprint('early_exit')
   assert base.fingerprint('ngram') == more.fingerprint('ngram')
   assert base.fingerprint('autoregressive') != hot.fingerprint('autoregressive')
+
+
+def test_early_exit_layers_are_checked_against_the_target_before_it_loads(tmp_path):
+  """The embedded 270M has 18 layers: 18 early-exit layers is an error that names the
+  key, raised by the preflight checks from the model's name alone (no weights read)."""
+  from specjax.experiments import preflight  # pylint: disable=g-import-not-at-top
+  from specjax.checkpoints import embedded  # pylint: disable=g-import-not-at-top
+  assert preflight.model_layers('embedded:gemma3-270m') == 18
+  assert preflight.model_layers(str(embedded.default_gguf_path())) == 18   # its GGUF header
+  values = get_config().to_dict()
+  values.update(drafters=('early_exit',), early_exit=dict(layers=18),
+                output_dir=str(tmp_path / 'out'))
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'config.early_exit.layers is 18: .* must be in \[1, 17\]'):
+    preflight.check_config(config_lib.ExperimentConfig.from_config(values))
+  values['early_exit'] = dict(layers=17)
+  preflight.check_config(config_lib.ExperimentConfig.from_config(values))

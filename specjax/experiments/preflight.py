@@ -1,7 +1,8 @@
 """What is checked before a model loads, beyond the config's own values.
 
-The output directory, the device count against the mesh, and each prompt's
-KV cache room: its
+The output directory, the device count against the mesh, the early-exit
+drafter's layers against the target's (read from its name or file header),
+and each prompt's KV cache room: its
 tokens, `max_new_tokens` and the verify slots must fit in `max_cache_len`.
 Found later, inside a compiled batch, the same faults cost the weight load
 and name a prompt by its batch index. A prompt that does not fit stops the
@@ -12,12 +13,16 @@ method, so the methods are still compared on the same prompts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import json
 import os
+from pathlib import Path
 
 from absl import logging
 import jax
 
-from specjax.experiments.config import BASELINE, ConfigError, ExperimentConfig
+from specjax.checkpoints import gguf_header
+from specjax.experiments.config import BASELINE, TINY_RANDOM, ConfigError, ExperimentConfig
+from specjax.models import config as model_configs
 
 
 def verify_slots(config: ExperimentConfig, method: str) -> int:
@@ -42,6 +47,7 @@ def check_config(config: ExperimentConfig) -> None:
     raise ConfigError(
         f'config.mesh_data={config.mesh_data} x config.mesh_model={config.mesh_model} needs '
         f'{wanted} devices; this machine has {len(devices)} ({devices[0].platform})')
+  _check_early_exit_layers(config)
   needed, extra = slots_needed(config, 1)  # a prompt is at least its BOS
   if needed > config.max_cache_len:
     raise ConfigError(
@@ -87,6 +93,38 @@ def fit_prompts(config: ExperimentConfig, prompt_ids: Sequence[str],
       f'config.max_cache_len is {config.max_cache_len}: prompt {first!r} does not fit ({why})'
       f'{others if more else ""}; raise max_cache_len, lower max_new_tokens, or set '
       'config.too_long=skip to skip such prompts')
+
+
+def model_layers(model: str) -> int | None:
+  """The target's layer count from its name or file header, before any weights load;
+  None when only loading it would tell (the loaders check again)."""
+  if model.startswith('embedded:'):
+    return model_configs.get_model_config(model.partition(':')[2]).num_layers
+  path = Path(model)
+  if path.is_file():
+    fields = gguf_header.read_scalars(path) or {}
+    layers = fields.get(f'{fields.get("general.architecture", "")}.block_count')
+    return int(layers) if isinstance(layers, int) else None
+  hf_config = path / 'config.json'
+  if hf_config.is_file():
+    try:
+      values = json.loads(hf_config.read_text(encoding='utf-8'))
+    except (OSError, ValueError):
+      return None  # the loader names the problem
+    values = values.get('text_config', values)
+    layers = values.get('num_hidden_layers')
+    return layers if isinstance(layers, int) else None
+  return None
+
+
+def _check_early_exit_layers(config: ExperimentConfig) -> None:
+  if 'early_exit' not in config.drafters or config.model == TINY_RANDOM:
+    return
+  layers = config.early_exit.get('layers', 4)
+  total = model_layers(config.model)
+  if total is not None and not 1 <= layers < total:
+    raise ConfigError(f'config.early_exit.layers is {layers}: the target {config.model} has '
+                      f'{total} layers, so it must be in [1, {total - 1}]')
 
 
 def check_model(config: ExperimentConfig, max_position: int) -> None:

@@ -442,3 +442,15 @@ def test_bad_ngram_sizes():
   with pytest.raises(ValueError, match=r'config.ngram.min_n / max_n need 1 <= min_n <= max_n, '
                      'got 3, 2'):
     make_drafter('ngram', target=COUNT_TOY, settings={'max_n': 2, 'min_n': 3})
+
+
+def test_gamma_100_with_8_new_tokens_counts_only_what_was_committed():
+  """Issue #10: a block of 100 right drafts cut at the 8-token budget once reported
+  accepted_tokens=100. Drafts past the cut count as neither drafted nor accepted."""
+  drafter = toy_models.right_for_k_drafter(COUNT_V, [100])
+  out = spec_generate(COUNT_TOY, COUNT_TABLE, drafter, [[3]], gamma=100, max_new_tokens=8,
+                      max_cache_len=256)
+  assert out.new_tokens == [[(4 + i) % COUNT_V for i in range(8)]]
+  assert out.target_calls == [2]                    # the prefill and one verify call
+  assert out.accepted_tokens == [7] and out.drafted_tokens == [7]   # 7 committed after the first
+  assert out.accepted_tokens[0] <= len(out.new_tokens[0]) - 1

@@ -140,7 +140,8 @@ def test_a_step_without_evidence_is_a_plain_decode_step():
         decode, (), draft_length.History.init(batch),
         speculative.Counters(*(jnp.zeros((batch,), jnp.int32),) * 4,
                              jnp.zeros((batch, gamma), jnp.int32)))
-    spec = speculative._step(loop, params, None, keys_B, max_new_B, state)  # pylint: disable=protected-access
+    costs_N = jnp.asarray(policy.costs)
+    spec = speculative._step(loop, params, None, costs_N, keys_B, max_new_B, state)  # pylint: disable=protected-access
     return plain, spec
 
   plain, spec = both(params)
@@ -188,9 +189,12 @@ def test_choose_prefers_a_plain_step_for_a_large_batch_with_expensive_calls():
   dear = draft_length.Policy((0, 2, 4), (1.0, 3.0, 5.0))
   evidence = jnp.asarray([4])
   live = jnp.asarray([True])
-  assert int(draft_length.choose(cheap, history, evidence, live)[0]) > 0
-  assert int(draft_length.choose(dear, history, evidence, live)[0]) == 0
-  assert int(draft_length.choose(cheap, history, jnp.asarray([0]), live)[0]) == 0
+  def choose(policy, evidence_B):
+    return int(draft_length.choose(policy, jnp.asarray(policy.costs), history, evidence_B,
+                                   live)[0])
+  assert choose(cheap, evidence) > 0
+  assert choose(dear, evidence) == 0
+  assert choose(cheap, jnp.asarray([0])) == 0
 
 
 def test_expected_tokens_is_leviathans_formula():

@@ -57,10 +57,10 @@ def decode_step(model, params, keys_B: Array, max_new_B: Array, loop: program_li
   return state, out
 
 
-def program(loop: program_lib.Loop, params, drafter_params, tokens_BxS, lengths_B, max_new_B,
-            keys_B, active_B):
+def program(loop: program_lib.Loop, params, drafter_params, data, tokens_BxS, lengths_B,
+            max_new_B, keys_B, active_B):
   """Prefill, first token, then a while_loop of decode steps."""
-  del drafter_params
+  del drafter_params, data
   model = loop.target
   state, _ = prefill_lib.start(model, params, tokens_BxS, lengths_B, max_new_B, keys_B, active_B,
                                prefill_len=loop.prefill_len, sampling=loop.sampling,

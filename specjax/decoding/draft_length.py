@@ -39,13 +39,16 @@ Array = jax.Array
 @dataclasses.dataclass(frozen=True)
 class Policy:
   """buckets: draft counts a call may verify, ascending (0 is a plain step).
-  costs: each bucket's relative cost (a plain decode step is 1.0).
+  costs: each bucket's relative cost (a plain decode step is 1.0). They are
+    measured, so they reach the compiled program as data (`choose`'s
+    `costs_N`), never as constants: a policy is a static argument, and costs
+    that differ by a microsecond must not compile a program again.
   adaptive: False verifies every row's gamma drafts at every step.
   prior, prior_weight: the Beta prior of a row's acceptance rate, in drafts.
   decay: how fast old acceptances are forgotten (per step)."""
 
   buckets: tuple[int, ...]
-  costs: tuple[float, ...]
+  costs: tuple[float, ...] = dataclasses.field(compare=False)
   adaptive: bool = True
   prior: float = 0.5
   prior_weight: float = 2.0
@@ -117,15 +120,16 @@ def expected_tokens(a_B: Array, k_B: Array) -> Array:
   return (1.0 - a_B ** (k_B + 1).astype(jnp.float32)) / (1.0 - a_B)
 
 
-def choose(policy: Policy, history: History, evidence_B: Array, live_B: Array
+def choose(policy: Policy, costs_N: Array, history: History, evidence_B: Array, live_B: Array
            ) -> tuple[Array, Array]:
-  """The bucket index for this step and each row's draft count within it."""
+  """The bucket index for this step and each row's draft count within it;
+  `costs_N` is `policy.costs` as data."""
   if not policy.adaptive:
     return jnp.int32(0), jnp.full(evidence_B.shape, policy.gamma, jnp.int32)
   a_B = history.acceptance(policy)
   buckets_N = jnp.asarray(policy.buckets, jnp.int32)
   k_NxB = jnp.minimum(evidence_B[None, :], buckets_N[:, None])
   value_N = jnp.sum(jnp.where(live_B[None, :], expected_tokens(a_B[None, :], k_NxB), 0.0),
-                    axis=1) / jnp.asarray(policy.costs, jnp.float32)
+                    axis=1) / costs_N.astype(jnp.float32)
   index = jnp.argmax(value_N).astype(jnp.int32)
   return index, jnp.minimum(evidence_B, buckets_N[index]).astype(jnp.int32)

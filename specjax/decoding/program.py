@@ -61,14 +61,16 @@ def _compiled(program: Callable, loop: Loop, *args):
 
 
 def run(program: Callable, loop: Loop, target_params, drafter_params,
-        packed: batch_lib.PromptBatch, *, seed: int) -> tuple[dict[str, np.ndarray], float]:
-  """Runs `program(loop, target_params, drafter_params, tokens_BxS, lengths_B,
-  max_new_B, keys_B, active_B)` to completion; returns its outputs on the host
-  and the wall time."""
+        packed: batch_lib.PromptBatch, *, seed: int, data=None
+        ) -> tuple[dict[str, np.ndarray], float]:
+  """Runs `program(loop, target_params, drafter_params, data, tokens_BxS,
+  lengths_B, max_new_B, keys_B, active_B)` to completion; returns its outputs
+  on the host and the wall time. `data` is any other pytree of arrays the
+  program reads (measured costs: data, so they never recompile it)."""
   keys_B = sampling_lib.row_keys(seed, packed.row_ids_B)
   max_new_B = np.full(packed.lengths_B.shape, loop.max_new_tokens, np.int32)
   start = time.perf_counter()
-  out = _compiled(program, loop, target_params, drafter_params, packed.tokens_BxS,
+  out = _compiled(program, loop, target_params, drafter_params, data, packed.tokens_BxS,
                   packed.lengths_B, max_new_B, keys_B, packed.active_B)
   out = jax.device_get(out)
   return out, time.perf_counter() - start

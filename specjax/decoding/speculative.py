@@ -34,6 +34,7 @@ from typing import Sequence
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import sampling as sampling_lib
 from specjax.decoding import acceptance
@@ -162,7 +163,7 @@ def _call(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_ne
   return new, view, drafted_B, accepted_B, num_accepted_B, k_B
 
 
-def _step(loop: program_lib.Loop, target_params, drafter_params, keys_B, max_new_B,
+def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B, max_new_B,
           state: SpecState) -> SpecState:
   drafter, policy, gamma = loop.drafter, loop.policy, loop.gamma
   decode = state.decode
@@ -175,7 +176,7 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, keys_B, max_new
   target_cache = proposal.shared_cache if drafter.shares_target_cache else decode.cache
   live_B = ~decode.done_B
   evidence_B = jnp.clip(proposal.num_drafts_B, 0, gamma).astype(jnp.int32)
-  index, k_B = draft_length.choose(policy, state.history, evidence_B, live_B)
+  index, k_B = draft_length.choose(policy, costs_N, state.history, evidence_B, live_B)
 
   branches = [functools.partial(_call, loop, n) for n in policy.buckets]
   args = (target_params, keys_B, max_new_B, state, proposal.draft_BxG, proposal.q_BxGxV, k_B,
@@ -200,8 +201,8 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, keys_B, max_new
   return SpecState(new, drafter_state, history, counters)
 
 
-def program(loop: program_lib.Loop, target_params, drafter_params, tokens_BxS, lengths_B,
-            max_new_B, keys_B, active_B):
+def program(loop: program_lib.Loop, target_params, drafter_params, costs_N, tokens_BxS,
+            lengths_B, max_new_B, keys_B, active_B):
   target, drafter, gamma = loop.target, loop.drafter, loop.gamma
   decode, out = prefill_lib.start(target, target_params, tokens_BxS, lengths_B, max_new_B, keys_B,
                                   active_B, prefill_len=loop.prefill_len, sampling=loop.sampling,
@@ -221,7 +222,7 @@ def program(loop: program_lib.Loop, target_params, drafter_params, tokens_BxS, l
   def cond(s: SpecState):
     return (s.decode.step < loop.max_new_tokens) & jnp.any(~s.decode.done_B)
 
-  body = functools.partial(_step, loop, target_params, drafter_params, keys_B, max_new_B)
+  body = functools.partial(_step, loop, target_params, drafter_params, costs_N, keys_B, max_new_B)
   state = jax.lax.while_loop(cond, body, state)
   c = state.counters
   return dict(tokens_BxS=state.decode.tokens_BxS, num_new_B=state.decode.num_new_B,
@@ -277,7 +278,8 @@ def generate(target: LanguageModel, target_params, drafter: Drafter,
   loop = program_lib.Loop(target=target, sampling=sampling, eos_ids=tuple(int(e) for e in eos_ids),
                           max_new_tokens=max_new_tokens, prefill_len=packed.prefill_len,
                           drafter=drafter, gamma=gamma, policy=policy)
-  out, wall_s = program_lib.run(program, loop, target_params, drafter.params, packed, seed=seed)
+  out, wall_s = program_lib.run(program, loop, target_params, drafter.params, packed, seed=seed,
+                                data=np.asarray(policy.costs, np.float32))
   active = packed.active_B
   return SpeculativeGeneration(
       new_tokens=batch_lib.new_tokens(out['tokens_BxS'], packed.lengths_B, out['num_new_B'],

@@ -58,6 +58,7 @@ _SPEC_BENCH = os.path.join(_HERE, '..', '..', 'shared', 'data', 'spec_bench_ques
 
 PROMPTS = flags.DEFINE_string('prompts', _SPEC_BENCH, 'Spec-Bench question.jsonl ("" = none).')
 PER_CATEGORY = flags.DEFINE_integer('per_category', 2, 'Prompts per Spec-Bench task (0: all).')
+TASKS = flags.DEFINE_list('tasks', [], 'Only these Spec-Bench tasks (empty: all 13).')
 BUILTIN = flags.DEFINE_bool('builtin', True, 'Also run the built-in completion prompts.')
 MAX_NEW = flags.DEFINE_integer('max_new_tokens', 128, 'Tokens generated per prompt.')
 FIXED = flags.DEFINE_list('gammas', ['2', '4', '6', '8'], 'Fixed draft lengths (ngram@G).')
@@ -66,6 +67,8 @@ BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '4', '8', '16'], 'Batch-siz
 BATCH_METHODS = flags.DEFINE_list('batch_methods', ['ngram@4', 'ngram~4'],
                                   'Methods of the batch-size section.')
 OUT = flags.DEFINE_string('out', 'results/bench_speculative', 'Output directory.')
+REPORT_ONLY = flags.DEFINE_bool('report_only', False,
+                                'Run nothing new: report from the rows already in --out.')
 
 
 def _prompt_set(tokenizer):
@@ -75,7 +78,8 @@ def _prompt_set(tokenizer):
       sys.exit(f'Spec-Bench prompts not found at {PROMPTS.value} (see ../shared/data/README.md)')
     by_task = collections.defaultdict(list)
     for p in prompts_lib.load_prompts(PROMPTS.value):
-      by_task[p.category].append(p)
+      if not TASKS.value or p.category in TASKS.value:
+        by_task[p.category].append(p)
     chosen += [p for task in by_task.values()
                for p in (task[:PER_CATEGORY.value] if PER_CATEGORY.value else task)]
   if BUILTIN.value:
@@ -168,7 +172,7 @@ def main(argv):
   with open(rows_path, 'a', encoding='utf-8') as out:
     for n, (batch, method, ps) in enumerate(jobs):
       key = f'{batch}|{method}|{"+".join(p.id for p in ps)}'
-      if key in rows:
+      if key in rows or REPORT_ONLY.value:
         continue
       result, packed = runner.run(method, [ids[p.id] for p in ps],
                                   [zlib.crc32(p.id.encode()) for p in ps])
@@ -190,12 +194,15 @@ def main(argv):
 
   slots = sorted({r['slots'] for r in rows.values() if r['batch'] == 1})
   cost_table = {s: {n: runner.seconds(n + 1, 1, s) for n in WIDTHS} for s in slots}
+  # Figures compare methods on the same prompts: those every method has a row for.
+  complete = [p for p in chosen if all(f'1|{m}|{p.id}' in rows for m in methods)]
+  measured = {p.id for p in complete}
   report = '\n'.join([
       '# Speculative decoding, Gemma 3 270M, float32, greedy, raw text', '',
       cpu_info.describe(), f'jax {jax.__version__}, {MAX_NEW.value} new tokens, '
-      f'{len(chosen)} prompts', '', costs_table(cost_table), '',
-      batch1_table(rows, chosen, methods, cost_table), '',
-      adaptive_table(rows, chosen, methods), '', batch_table(rows)])
+      f'{len(measured)} of {len(chosen)} prompts measured', '', costs_table(cost_table), '',
+      batch1_table(rows, complete, methods, cost_table), '',
+      adaptive_table(rows, complete, methods), '', batch_table(rows)])
   print(report)
   with open(os.path.join(OUT.value, 'report.md'), 'w', encoding='utf-8') as f:
     f.write(report + '\n')

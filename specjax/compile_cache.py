@@ -50,6 +50,6 @@ def enable(cache_dir: str | os.PathLike | None = None,
   jax.config.update('jax_persistent_cache_min_compile_time_secs', float(min_compile_time_s))
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   jax_compilation_cache.reset_cache()
-  logging.info('compilation cache: %s (programs compiling in over %.2f s)', path,
+  logging.debug('compilation cache: %s (programs compiling in over %.2f s)', path,
                min_compile_time_s)
   return path

@@ -57,13 +57,13 @@ def run_experiment_with_rows(config: Mapping[str, Any]
   preflight.check_config(cfg)
   prompts = prompts_lib.select(prompts_lib.load_prompts(cfg.prompts), cfg.categories, cfg.limit)
   prompt_format = prompt_format_lib.resolve(cfg)
-  logging.info('prompt format: %s', prompt_format.reason)
   tokenizer = loading.tokenizer(cfg)
   token_ids = {p.id: tokenizer.encode(prompt_format.apply(tokenizer, p.text), add_bos=True)
                for p in prompts}
   skipped = preflight.fit_prompts(cfg, [p.id for p in prompts], token_ids)
   checkpoints = loading.checkpoint_digests(cfg)
   with results_lib.ResultsDir(cfg, checkpoints) as results:
+    logging.info('prompt format: %s', prompt_format.reason)  # after the checks and the lock
     run = _Run(cfg, checkpoints, prompts, token_ids, skipped, tokenizer, results,
                functools.cache(lambda: _load(cfg, tokenizer)))  # loads only if a row is missing
     rows = {}

@@ -41,9 +41,11 @@ _output_dir = None  # where rows go, for the message after Ctrl-C
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  # JAX logs at INFO that it found no TPU library on every CPU or GPU machine, and
+  # that it reset its compilation cache: a bad input must still be one line.
+  for name in ('jax._src.xla_bridge', 'jax._src.compilation_cache'):
+    std_logging.getLogger(name).setLevel(std_logging.WARNING)
   compile_cache.enable()
-  # JAX logs at INFO that it found no TPU library on every CPU or GPU machine.
-  std_logging.getLogger('jax._src.xla_bridge').setLevel(std_logging.WARNING)
   try:
     _run()
   except KeyboardInterrupt:

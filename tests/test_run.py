@@ -61,7 +61,7 @@ def specjax_run(args, cwd, cache, timeout=600):
 def tiny_flags(prompts: pathlib.Path, max_new_tokens: int = 4) -> list[str]:
   return ['--config.model=tiny-random', f'--config.prompts={prompts}',
           f'--config.max_new_tokens={max_new_tokens}', '--config.chat_template=False',
-          '--config.early_exit_layers=1']
+          '--config.early_exit.layers=1']
 
 
 def write_prompts(path: pathlib.Path, count: int) -> pathlib.Path:
@@ -94,7 +94,7 @@ BAD_INPUTS = {
     'max_new_tokens 100000': (['--config={config}', '--config.max_new_tokens=100000'],
                               ['config.max_new_tokens is 100000', 'max_cache_len']),
     'a prompt too long': (['--config={config}', '--config.max_cache_len=150'],
-                          ['config.max_cache_len is 150', "prompt 'code-1'", 'too_long=skip']),
+                          ['config.max_cache_len is 150', "prompt 'coding-1'", 'too_long=skip']),
     'too_long misspelt': (['--config={config}', '--config.too_long=skp'],
                           ["config.too_long is 'skp'"]),
     'output_dir under a file': (['--config={config}', '--config.output_dir={tmp}/a_file/out'],
@@ -182,7 +182,7 @@ spec = importlib.util.spec_from_file_location('gemma', {config!r})
 gemma = importlib.util.module_from_spec(spec); spec.loader.exec_module(gemma)
 config = gemma.get_config('quick,drafters=ngram+early_exit')
 config.update(model='tiny-random', prompts={prompts!r}, max_new_tokens=4, chat_template=False,
-              early_exit_layers=1)
+              early_exit=dict(layers=1))
 summary = run_experiment(config)
 '''
 

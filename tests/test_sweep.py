@@ -210,6 +210,7 @@ def test_a_killed_sweep_restarts_and_ends_with_one_record_per_cell(tmp_path):
                                            prompts=prompts, out=str(out)))
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'SPECJAX_CACHE_DIR': str(tmp_path / 'cache')}
   command = [sys.executable, '-m', 'specjax.sweep', f'--config={config_file}']
+  out = tmp_path / 'out-sweep'   # the file's own output_dir, left as is: the sweep adds -sweep
   cells = out / 'cells.jsonl'
 
   process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,

@@ -15,7 +15,7 @@ import pytest
 
 from specjax import checkpoints
 from specjax import sampling
-from specjax.decoding import autoregressive, speculative
+from specjax.decoding import autoregressive, draft_length, speculative
 from specjax.drafters import make_drafter
 from specjax.models import config as config_lib
 from specjax.models.language_model import LanguageModel
@@ -98,13 +98,16 @@ def test_sampled_batch_rows_equal_rows_alone_on_the_real_model(target):
   model, params = target
   hot = sampling.SamplingConfig(temperature=0.8, top_k=50, top_p=0.95)
   drafter = make_drafter('ngram', target=model)
+  # A fixed draft length: the adaptive one chooses a call's width for the whole batch,
+  # so a row's draws (exact either way) depend on its neighbours there.
+  fixed = draft_length.fixed(3)
   batch = speculative.generate(model, params, drafter, PROMPTS, gamma=3, max_new_tokens=16,
-                               sampling=hot, seed=11)
+                               sampling=hot, seed=11, policy=fixed)
   plain = autoregressive.generate(model, params, PROMPTS, max_new_tokens=16, sampling=hot,
                                   seed=11)
   for i, prompt in enumerate(PROMPTS):
     alone = speculative.generate(model, params, drafter, [prompt], gamma=3, max_new_tokens=16,
-                                 sampling=hot, seed=11, row_ids=[i])
+                                 sampling=hot, seed=11, row_ids=[i], policy=fixed)
     assert alone.new_tokens[0] == batch.new_tokens[i]
   # Same first token as autoregressive sampling (same row stream), different later draws.
   assert [t[0] for t in batch.new_tokens] == [t[0] for t in plain.new_tokens]

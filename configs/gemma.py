@@ -46,6 +46,7 @@ def get_config(arg=None):
   c.tokenizer = ''              # '' = the one in the model's GGUF / HF directory
   c.prompts = ''                # '' = built-in set; else Spec-Bench or {id, prompt} JSONL
   c.limit = 0                   # first N prompts after the category filter; 0 = all
+  c.per_category = 0            # first N prompts of each category (2 = Spec-Bench's '2 per task'); 0 = all
   c.categories = ()             # () = all
   c.max_new_tokens = 128
   c.temperature = 0.0           # 0 = greedy

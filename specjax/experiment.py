@@ -55,7 +55,8 @@ def run_experiment_with_rows(config: Mapping[str, Any]
   """`run_experiment`, also returning this run's rows (a sweep records them per cell)."""
   cfg = ExperimentConfig.from_config(config)
   preflight.check_config(cfg)
-  prompts = prompts_lib.select(prompts_lib.load_prompts(cfg.prompts), cfg.categories, cfg.limit)
+  prompts = prompts_lib.select(prompts_lib.load_prompts(cfg.prompts), cfg.categories, cfg.limit,
+                              cfg.per_category)
   prompt_format = prompt_format_lib.resolve(cfg)
   tokenizer = loading.tokenizer(cfg)
   token_ids = {p.id: tokenizer.encode(prompt_format.apply(tokenizer, p.text), add_bos=True)
@@ -166,6 +167,7 @@ def _row(cfg, method, fingerprint, prompt, prompt_ids, new_ids, wall_s, batch_wa
   shown = new_ids[:-1] if new_ids and new_ids[-1] in eos_ids else new_ids
   row = dict(prompt_id=prompt.id, category=prompt.category, method=method,
              fingerprint=fingerprint, temperature=cfg.temperature,
+             top_k=cfg.top_k, top_p=cfg.top_p,
              prompt_tokens=len(prompt_ids), new_tokens=len(new_ids),
              wall_s=wall_s,               # this row's share of its batch's time
              batch_wall_s=batch_wall_s, batch_size=cfg.batch_size,

@@ -4,7 +4,8 @@ Reads every `*.jsonl` of rows in DIR (`results.jsonl`, a sweep's rows) and
 writes DIR/report/report.md with five tables and their plots: speedup against
 gamma, mean accepted tokens per task, acceptance by draft position, predicted
 (Leviathan et al. 2023) against measured speedup, and speedup against batch
-size. Nothing is rerun, so a report can be made anywhere the rows are.
+size; then the paper tables (`reports/paper.py`): Leviathan et al.'s Table 2,
+Chen et al.'s ms/token and, for Spec-Bench prompts, its leaderboard. Nothing is rerun, so a report can be made anywhere the rows are.
 
   python -m specjax.report results/gemma
   python -m specjax.report results/sweep --cost_ratio=ngram=0,early_exit=0.25 --out=/tmp/r
@@ -27,6 +28,7 @@ from absl import logging
 
 from specjax.reports import figures as figures_lib
 from specjax.reports import markdown as md
+from specjax.reports import paper
 from specjax.reports.rows import ReportError, read_rows
 
 DEFAULT_COST_RATIOS = {'ngram': 0.0}
@@ -73,7 +75,20 @@ def write_report(directory: str, out_dir: str | None = None,
         *md.prediction_table(preds)]),
       ('Speedup against batch size', 'batch',
        ['Each over the baseline at the same batch size.', '', *md.batch_table(by_batch)]),
+      ('Paper table: Leviathan et al. 2023, Table 2', 'leviathan',
+       ['Per task: alpha measured as above, the measured speedup, and the walltime improvement '
+        'Theorem 3.8 predicts from that alpha and c (blank without a c).', '',
+        *paper.leviathan_table(rows, cost_ratios)]),
+      ('Paper table: Chen et al. 2023, Table 1', 'chen',
+       ['Milliseconds per new token (total wall time over total new tokens) of each method, '
+        'by sampling setting.', '', *paper.chen_table(rows)]),
   ]
+  if paper.covers_spec_bench(rows):
+    sections.append(
+        ('Paper table: the Spec-Bench leaderboard', 'spec_bench',
+         ["Speedup per Spec-Bench task group (its eight MT-bench categories form "
+          "'multi-turn conversation'); '-' where the rows hold none of the group.", '',
+          *paper.spec_bench_table(rows)]))
   lines = [
       f'# Report: {os.path.basename(os.path.normpath(directory))}', '',
       f'Command: `{command or f"write_report({directory!r})"}`  ',

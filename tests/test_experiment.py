@@ -108,6 +108,14 @@ def test_select_by_category_then_limit():
     prompts_lib.select(prompts, ('poetry',))
 
 
+def test_select_per_category_keeps_the_first_of_each_in_file_order():
+  prompts = prompts_lib.parse_jsonl('\n'.join(
+      json.dumps({'id': f'{c}{i}', 'category': c, 'prompt': 'x'})
+      for i in range(3) for c in ('a', 'b')), 'test')
+  assert [p.id for p in prompts_lib.select(prompts, per_category=2)] == ['a0', 'b0', 'a1', 'b1']
+  assert [p.id for p in prompts_lib.select(prompts, ('b',), limit=1, per_category=2)] == ['b0']
+
+
 # ---------------------------------------------------------------- tiny experiments
 
 

@@ -116,6 +116,53 @@ def test_a_method_without_a_cost_is_left_out_of_the_prediction(tmp_path):
   assert not list(tmp_path.glob('*.png'))
 
 
+def test_leviathan_table_2_per_task(made):
+  lines = section(made[1], 'Paper table: Leviathan et al. 2023, Table 2')[2:]
+  assert lines[:2] == ['| task | drafter | T | gamma | alpha | speedup | c | predicted speedup |',
+                       '|---|---|---|---|---|---|---|---|']
+  # n-gram @2 on code: 26 accepted drafts in 13 verify calls (alpha 1), 40 tokens in 0.2 s
+  # against the baseline's 40 in 0.9 s; on qa 10 in 9 calls: alpha + alpha^2 = 10/9.
+  assert '| code | ngram | 0 | 2 | 1.00 | 4.50x | 0 | 3.00x |' in lines
+  assert '| qa | ngram | 0 | 2 | 0.67 | 2.00x | 0 | 2.11x |' in lines
+  assert '| all | early_exit | 0 | 2 | 0.59 | 2.00x | 0.25 | 1.29x |' in lines
+  assert len(lines) == 2 + 4 * 3  # four settings, two tasks and 'all' each
+
+
+def test_chen_table_ms_per_token(made):
+  assert section(made[1], 'Paper table: Chen et al. 2023, Table 1')[2:] == [
+      '| sampling | method | gamma | ms/token | speedup |',
+      '|---|---|---|---|---|',
+      '| greedy | autoregressive |  | 25.0 | 1.00x |',   # 60 tokens in 1.5 s
+      '| greedy | early_exit | 2 | 12.5 | 2.00x |',
+      '| greedy | ngram | 2 | 8.3 | 3.00x |',
+      '| greedy | ngram | 4 | 6.7 | 3.75x |',
+      '| greedy, batch 2 | autoregressive |  | 20.0 | 1.00x |',
+      '| greedy, batch 2 | ngram | 2 | 10.0 | 2.00x |',
+  ]
+
+
+def test_spec_bench_leaderboard_groups_tasks(made):
+  lines = section(made[1], 'Paper table: the Spec-Bench leaderboard')[2:]
+  assert lines[0].startswith('| drafter | T | multi-turn conversation | translation |')
+  # Only 'qa' is a Spec-Bench task here; 'code' counts towards the overall figures alone.
+  assert lines[2] == ('| early_exit (gamma 2) | 0 | - | - | - | 2.00x | - | - | 1.88 | 2.00x |')
+  assert lines[5] == '| ngram (gamma 4) | 0 | - | - | - | 4.00x | - | - | 3.75 | 3.75x |'
+
+
+def test_chen_table_names_nucleus_sampling_and_the_spec_bench_table_needs_its_tasks(tmp_path):
+  rows = [json.loads(line) for line in (FIXTURE / 'results.jsonl').read_text().splitlines()]
+  sampled = []
+  for row in rows:
+    row = dict(row, temperature=1.0, top_p=0.8, top_k=0, category='code',
+               fingerprint=row['fingerprint'] + 't1')
+    sampled.append(json.dumps(row))
+  (tmp_path / 'results.jsonl').write_text('\n'.join(sampled) + '\n')
+  text = pathlib.Path(report.write_report(str(tmp_path), str(tmp_path / 'out'), plots=False)
+                      ).read_text()
+  assert '| T=1, nucleus p=0.8 | autoregressive |  | 25.0 | 1.00x |' in text
+  assert 'Spec-Bench leaderboard' not in text
+
+
 def test_plots_are_png_files_linked_from_the_report(made):
   out, text = made
   for name in PLOTS:

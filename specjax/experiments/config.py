@@ -45,6 +45,7 @@ class ExperimentConfig:
   tokenizer: str
   prompts: str
   limit: int
+  per_category: int
   categories: tuple[str, ...]
   max_new_tokens: int
   temperature: float
@@ -89,7 +90,7 @@ class ExperimentConfig:
 
   def __post_init__(self):
     _check_types(self)
-    for key in ('limit', 'top_k'):
+    for key in ('limit', 'per_category', 'top_k'):
       _check(getattr(self, key) >= 0, key, f'is {getattr(self, key)}: must be >= 0 (0 switches '
              'it off)')
     for key in ('max_new_tokens', 'batch_size', 'max_cache_len', 'mesh_data', 'mesh_model',

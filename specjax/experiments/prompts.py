@@ -86,9 +86,11 @@ def _prompt(record, where: str) -> Prompt:
   return Prompt(str(record[id_key]), category, text)
 
 
-def select(prompts: Sequence[Prompt], categories: Sequence[str] = (), limit: int = 0
-           ) -> list[Prompt]:
-  """The prompts of `categories` (all when empty), then the first `limit` (all when 0)."""
+def select(prompts: Sequence[Prompt], categories: Sequence[str] = (), limit: int = 0,
+           per_category: int = 0) -> list[Prompt]:
+  """The prompts of `categories` (all when empty), the first `per_category` of each
+  category (all when 0; Spec-Bench papers often run "2 per task"), then the first
+  `limit` (all when 0), in file order."""
   if categories:
     known = sorted({p.category for p in prompts})
     unknown = [c for c in categories if c not in known]
@@ -96,4 +98,12 @@ def select(prompts: Sequence[Prompt], categories: Sequence[str] = (), limit: int
       raise ConfigError(f'config.categories names {", ".join(unknown)}, which the prompt set '
                        f'lacks; it has: {", ".join(known)}')
     prompts = [p for p in prompts if p.category in categories]
+  if per_category:
+    taken = {}
+    kept = []
+    for p in prompts:
+      if taken.get(p.category, 0) < per_category:
+        taken[p.category] = taken.get(p.category, 0) + 1
+        kept.append(p)
+    prompts = kept
   return list(prompts[:limit] if limit else prompts)

@@ -91,7 +91,8 @@ def expand(base: Mapping[str, Any], sweep: Sequence[Mapping[str, Any]]) -> list[
       experiment = ExperimentConfig.from_config(config)
       if experiment.prompts not in prompt_sets:
         prompt_sets[experiment.prompts] = prompts_lib.load_prompts(experiment.prompts)
-      prompts_lib.select(prompt_sets[experiment.prompts], experiment.categories, experiment.limit)
+      prompts_lib.select(prompt_sets[experiment.prompts], experiment.categories, experiment.limit,
+                        experiment.per_category)
     except ConfigError as e:
       raise ConfigError(f'{where}: {e}') from None
     cell_id = hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:12]

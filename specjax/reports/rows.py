@@ -39,6 +39,8 @@ class Row:
   accepted_tokens: int | None = None
   drafted_tokens: int | None = None
   acceptance_by_position: tuple[int, ...] | None = None
+  top_k: int | None = None              # recorded since December 2026; None in older rows
+  top_p: float | None = None
 
   @property
   def setting(self) -> tuple[str, int, float, int]:
@@ -144,6 +146,10 @@ def _row(raw: dict[str, Any], where: str) -> Row:
       batch_size=need('batch_size', int, 1) if 'batch_size' in raw else 1,
       new_tokens=need('new_tokens', int, 0), wall_s=float(need('wall_s', (int, float), 0)),
       fingerprint=raw.get('fingerprint'))
+  if raw.get('top_k') is not None:
+    fields['top_k'] = need('top_k', int, 0)
+  if raw.get('top_p') is not None:
+    fields['top_p'] = float(need('top_p', (int, float), 0))
   if raw['method'] == BASELINE:
     return Row(**fields)
   fields.update(gamma=need('gamma', int, 1), target_calls=need('target_calls', int, 1),

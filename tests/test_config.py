@@ -187,3 +187,21 @@ def test_early_exit_layers_are_checked_against_the_target_before_it_loads(tmp_pa
     preflight.check_config(config_lib.ExperimentConfig.from_config(values))
   values['early_exit'] = dict(layers=17)
   preflight.check_config(config_lib.ExperimentConfig.from_config(values))
+
+
+def test_paper_table_sweeps_are_valid_cells_of_their_base_config():
+  from specjax.experiments import sweep_cells  # pylint: disable=g-import-not-at-top
+  path = ROOT / 'configs' / 'paper_tables.py'
+  spec = importlib.util.spec_from_file_location('paper_tables', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for table, count in (('leviathan', 8), ('spec_bench', 2), ('chen', 4)):
+    base = module.get_config(table)
+    assert (base.chat_template, base.per_category, base.output_dir) == (
+        False, 2, f'results/paper_tables-{table}')
+    assert base.draft_length.adaptive == (table == 'spec_bench')
+    cells = sweep_cells.expand(base.to_dict(), module.get_sweep(table))
+    assert len(cells) == count
+  assert module.get_config('chen,max_new_tokens=16').max_new_tokens == 16  # the arg wins
+  with pytest.raises(ValueError, match='needs a table'):
+    module.get_config('')

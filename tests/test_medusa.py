@@ -111,29 +111,7 @@ def test_untrained_heads_draft_from_the_hidden_state_that_made_the_pending_token
 D = 4
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class HiddenBigram:
-  """A bigram target with hidden states: h = H[token], logits = h @ E^T."""
-
-  config: object = dataclasses.field(default_factory=lambda: tiny_config(vocab_size=acc.V,
-                                                                          embed_dim=D))
-  data_parallelism: int = 1
-
-  def init_cache(self, batch: int, num_slots: int):
-    del num_slots
-    return jnp.zeros((batch,), jnp.float32)
-
-  def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-              num_layers=None, hidden_layers=()):
-    del positions_BxT, num_layers, hidden_layers
-    hidden_BxTxD = params['hidden_VxD'][tokens_BxT]
-    logits = jnp.einsum('btd,vd->btv', hidden_BxTxD, params['embedding_VxD'])
-    if logit_indices_BxR is not None:
-      logits = jnp.take_along_axis(logits, logit_indices_BxR[:, :, None], axis=1)
-    return gemma.ForwardOutput(logits, cache, hidden_BxTxD, None)
-
-
-TOY = HiddenBigram()
+TOY = toy_models.HiddenBigram(tiny_config(vocab_size=acc.V, embed_dim=D))
 _rng = np.random.default_rng(5)
 TOY_PARAMS = {'hidden_VxD': jnp.asarray(_rng.normal(size=(acc.V, D)), jnp.float32),
               'embedding_VxD': jnp.asarray(_rng.normal(size=(acc.V, D)) * 0.8, jnp.float32)}

@@ -89,6 +89,29 @@ class RowPadded:
     return self.model.forward(*args, **kwargs)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class HiddenBigram:
+  """A bigram target with hidden states: h = params['hidden_VxD'][token] and logits =
+  h @ params['embedding_VxD']^T, so heads on h score against a real tied embedding
+  while the sequence distribution is the bigram table hidden @ embedding^T."""
+
+  config: GemmaConfig
+  data_parallelism: int = 1
+
+  def init_cache(self, batch: int, num_slots: int):
+    del num_slots
+    return jnp.zeros((batch,), jnp.float32)
+
+  def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
+              num_layers=None, hidden_layers=()):
+    del positions_BxT, num_layers, hidden_layers
+    hidden_BxTxD = params['hidden_VxD'][tokens_BxT]
+    logits = jnp.einsum('btd,vd->btv', hidden_BxTxD, params['embedding_VxD'])
+    if logit_indices_BxR is not None:
+      logits = jnp.take_along_axis(logits, logit_indices_BxR[:, :, None], axis=1)
+    return gemma.ForwardOutput(logits, cache, hidden_BxTxD, None)
+
+
 # --------------------------------------------------------------- toy drafters
 
 

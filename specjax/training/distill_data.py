@@ -1,0 +1,165 @@
+"""Self-distillation data: the target's own generations, written in resumable shards.
+
+A drafter is trained to predict what the target will say, so its data is the
+target's text. No corpus is downloaded and nothing comes from Spec-Bench: each
+sequence starts from BOS, its first `start_tokens` are sampled from the target
+at temperature 1 (so sequences differ), and the rest is the target's greedy
+continuation (what greedy verification accepts) or, for a share
+`sampled_fraction` of the shards, its sampled continuation at temperature 1
+(what sampled verification accepts). Optional user prompts (token ids) replace
+the BOS starts.
+
+Shard i is fully determined by (seed, i): rerunning a killed generation skips
+finished shards and writes the missing ones, so the data never holds a
+duplicate or a gap. A shard is `shard_00000.npz` (tokens_NxL int32, lengths_N)
+plus `shard_00000.json` (its provenance), each written to a temporary name and
+renamed, the JSON last: a shard counts as finished only when both exist.
+Features are not stored: training recomputes them with one teacher-forced
+target pass per batch, which costs less than reading 640 floats per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Sequence
+
+from absl import logging
+import numpy as np
+
+from specjax import sampling as sampling_lib
+from specjax.decoding import autoregressive
+
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """How a data directory was made; stored in every shard's provenance."""
+
+  target: str                 # the checkpoint name or path, for people
+  target_sha256: str          # what the data is tied to
+  num_shards: int
+  sequences_per_shard: int
+  seq_len: int                # tokens per sequence, BOS and start included
+  start_tokens: int = 8       # sampled at temperature 1 after BOS
+  sampled_fraction: float = 0.25  # share of shards whose continuation is sampled
+  seed: int = 0
+  bos_id: int = 2
+  eos_ids: tuple[int, ...] = (1, 106)   # Gemma's <eos> and <end_of_turn>: a sequence ends there
+
+  def __post_init__(self):
+    for name in ('num_shards', 'sequences_per_shard'):
+      if getattr(self, name) < 1:
+        raise ValueError(f'data.{name} must be >= 1, got {getattr(self, name)}')
+    if not 2 <= self.start_tokens + 1 < self.seq_len:
+      raise ValueError(f'data.start_tokens ({self.start_tokens}) + BOS must leave room in '
+                       f'data.seq_len ({self.seq_len})')
+    if not 0.0 <= self.sampled_fraction <= 1.0:
+      raise ValueError(f'data.sampled_fraction must be in [0, 1], got {self.sampled_fraction}')
+
+  def is_sampled(self, shard: int) -> bool:
+    """Shards are greedy or sampled by a fixed interleaving, so any prefix of the
+    shards keeps roughly the mix."""
+    return int((shard + 1) * self.sampled_fraction) > int(shard * self.sampled_fraction)
+
+
+def shard_paths(directory: str, shard: int) -> tuple[str, str]:
+  stem = os.path.join(directory, f'shard_{shard:05d}')
+  return stem + '.npz', stem + '.json'
+
+
+def is_finished(directory: str, shard: int) -> bool:
+  data, meta = shard_paths(directory, shard)
+  return os.path.isfile(data) and os.path.isfile(meta)
+
+
+def _atomic_write(path: str, write) -> None:
+  tmp = f'{path}.tmp-{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    write(f)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def make_shard(model, params, recipe: Recipe, shard: int) -> tuple[np.ndarray, np.ndarray]:
+  """The shard's (tokens_NxL, lengths_N): BOS, sampled starts, then the continuation."""
+  n = recipe.sequences_per_shard
+  row_ids = [shard * n + i for i in range(n)]
+  t1 = sampling_lib.SamplingConfig(temperature=1.0)
+  seed = recipe.seed * 1_000_003 + shard
+  starts = autoregressive.generate(model, params, [[recipe.bos_id]] * n,
+                                   max_new_tokens=recipe.start_tokens, sampling=t1, seed=seed,
+                                   row_ids=row_ids)
+  prompts = [[recipe.bos_id] + list(s) for s in starts.new_tokens]
+  rest = recipe.seq_len - 1 - recipe.start_tokens
+  sampling = t1 if recipe.is_sampled(shard) else sampling_lib.SamplingConfig()
+  out = autoregressive.generate(model, params, prompts, max_new_tokens=rest, sampling=sampling,
+                                seed=seed + 1, row_ids=row_ids, eos_ids=recipe.eos_ids)
+  tokens_NxL = np.zeros((n, recipe.seq_len), np.int32)
+  lengths_N = np.zeros((n,), np.int32)
+  for i, (prompt, new) in enumerate(zip(prompts, out.new_tokens)):
+    seq = (prompt + list(new))[:recipe.seq_len]
+    tokens_NxL[i, :len(seq)] = seq
+    lengths_N[i] = len(seq)
+  return tokens_NxL, lengths_N
+
+
+def generate(model, params, recipe: Recipe, directory: str) -> list[int]:
+  """Writes every missing shard of `recipe` into `directory`; returns the shards written.
+
+  A directory made by another recipe is refused (mixing would silently change
+  what the drafter learns).
+  """
+  os.makedirs(directory, exist_ok=True)
+  recipe_path = os.path.join(directory, 'recipe.json')
+  wanted = json.loads(json.dumps({'format_version': FORMAT_VERSION,
+                                   **dataclasses.asdict(recipe)}))
+  if os.path.exists(recipe_path):
+    with open(recipe_path, encoding='utf-8') as f:
+      found = json.load(f)
+    if found != wanted:
+      changed = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
+      raise ValueError(f'{directory} holds data of another recipe (differs in '
+                       f'{", ".join(changed)}): use a new data directory or the same settings')
+  else:
+    _atomic_write(recipe_path, lambda f: f.write(json.dumps(wanted, indent=1).encode()))
+  todo = [s for s in range(recipe.num_shards) if not is_finished(directory, s)]
+  if len(todo) < recipe.num_shards:
+    logging.info('data: %d of %d shards already in %s', recipe.num_shards - len(todo),
+                 recipe.num_shards, directory)
+  start = time.monotonic()
+  for done, shard in enumerate(todo, start=1):
+    tokens_NxL, lengths_N = make_shard(model, params, recipe, shard)
+    data_path, meta_path = shard_paths(directory, shard)
+    _atomic_write(data_path, lambda f: np.savez(f, tokens_NxL=tokens_NxL, lengths_N=lengths_N))
+    meta = {'shard': shard, 'sampled': recipe.is_sampled(shard),
+            'tokens': int(lengths_N.sum()), 'recipe': wanted}
+    _atomic_write(meta_path, lambda f: f.write(json.dumps(meta).encode()))
+    spent = time.monotonic() - start
+    logging.info('data: shard %d written (%d of %d this run, %.0f s spent, ~%.0f s left)',
+                 shard, done, len(todo), spent, spent / done * (len(todo) - done))
+  return todo
+
+
+def load(directory: str, shards: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens_NxL, lengths_N) of the finished shards (all, or those named), in order."""
+  with open(os.path.join(directory, 'recipe.json'), encoding='utf-8') as f:
+    recipe = json.load(f)
+  shards = range(recipe['num_shards']) if shards is None else shards
+  tokens, lengths = [], []
+  for shard in shards:
+    if not is_finished(directory, shard):
+      raise ValueError(f'{directory}: shard {shard} is missing; rerun the data generation')
+    data_path, _ = shard_paths(directory, shard)
+    try:
+      with np.load(data_path) as data:
+        tokens.append(data['tokens_NxL'])
+        lengths.append(data['lengths_N'])
+    except (OSError, ValueError, KeyError) as e:
+      raise ValueError(f'{data_path}: corrupt shard ({e}); delete it and rerun the data '
+                       'generation') from None
+  return np.concatenate(tokens), np.concatenate(lengths)

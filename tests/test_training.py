@@ -1,0 +1,227 @@
+"""Training drafters: the loss falls, a killed run resumes on the same trajectory,
+killed data generation leaves no gap or duplicate, trained heads beat untrained ones,
+and checkpoints for another target are refused.
+
+The target is tests/toy_models.tiny_gemma (varied greedy text), patched in for the
+checkpoint name; the recipe is configs/train_medusa.py's, shrunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.checkpoints import CheckpointError
+from specjax.checkpoints import drafter_io
+from specjax.drafters import medusa
+from specjax.training import distill_data
+from specjax.training import medusa_objective as objective
+from specjax.training import trainer
+
+import toy_models
+from specjax.models.config import tiny_config
+
+TARGET, TARGET_PARAMS = toy_models.tiny_gemma()
+
+
+@pytest.fixture(autouse=True)
+def tiny_target(monkeypatch):
+  monkeypatch.setattr(trainer, 'load_target', lambda name: (TARGET, TARGET_PARAMS, 'sha-tiny'))
+
+
+def config(tmp_path, **overrides) -> trainer.TrainConfig:
+  values = dict(target='tiny', drafter='medusa', num_heads=3, draft_vocab='',
+                data=dict(num_shards=3, sequences_per_shard=8, seq_len=24, start_tokens=3,
+                          sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=()),
+                heldout_shards=1, batch_size=4, steps=8, learning_rate=3e-3, warmup_steps=2,
+                final_learning_rate=3e-4, weight_decay=0.0, clip_norm=1.0, checkpoint_every=4,
+                keep=2, eval_every=4, log_every=1, seed=0, output_dir=str(tmp_path / 'run'))
+  values.update(overrides)
+  return trainer.TrainConfig(**values)
+
+
+def recipe(**overrides) -> distill_data.Recipe:
+  values = dict(target='tiny', target_sha256='sha-tiny', num_shards=3, sequences_per_shard=4,
+                seq_len=16, start_tokens=3, sampled_fraction=0.5, seed=1, bos_id=2, eos_ids=())
+  values.update(overrides)
+  return distill_data.Recipe(**values)
+
+
+# ------------------------------------------------------------------ the loss
+
+def test_training_steps_lower_the_loss_on_a_fixed_batch():
+  tokens, lengths = distill_data.make_shard(TARGET, TARGET_PARAMS, recipe(), 0)
+  cfg = config(pathlib.Path('/unused'), steps=40, warmup_steps=1)
+  tx = trainer.optimizer(cfg)
+  heads = medusa.init_heads(3, TARGET.config.embed_dim)
+  opt_state = tx.init(heads)
+  head_NxD = medusa.head_matrix(TARGET_PARAMS, None)
+  index_V = objective.draft_index(None, TARGET.config.vocab_size)
+  losses = []
+  for _ in range(30):
+    heads, opt_state, loss, _ = trainer._train_step(  # pylint: disable=protected-access
+        heads, opt_state, TARGET_PARAMS, head_NxD, index_V, jnp.asarray(tokens),
+        jnp.asarray(lengths), target=TARGET, tx=tx, softcap=None)
+    losses.append(float(loss))
+  assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_labels_are_the_tokens_two_and_more_ahead_inside_the_sequence_and_vocabulary():
+  tokens = jnp.asarray([[5, 6, 7, 8, 9, 0]])
+  index_V = objective.draft_index(jnp.asarray([7, 8, 9, 6]), 16)   # 5 is not in it
+  rows, valid = objective.labels(tokens, jnp.asarray([5]), index_V, num_heads=2)
+  # Position 0: head 0 -> token 7 (row 0), head 1 -> token 8 (row 1).
+  assert rows[0, 0].tolist() == [0, 1] and valid[0, 0].tolist() == [True, True]
+  # Position 2: head 0 -> token 9 (inside), head 1 -> position 5, past the length 5.
+  assert valid[0, 2].tolist() == [True, False]
+  assert valid[0, 3].tolist() == [False, False]
+
+
+# ----------------------------------------------------------- resume, exactly
+
+def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path, monkeypatch):
+  unbroken = config(tmp_path / 'a')
+  trainer.train(unbroken)
+  reference = [json.loads(line) for line in open(os.path.join(unbroken.output_dir,
+                                                              'metrics.jsonl'))]
+
+  broken = config(tmp_path / 'b')
+  real_step, calls = trainer._train_step, []  # pylint: disable=protected-access
+
+  def dies_at_step_6(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 6:   # after the checkpoint of step 4 was written
+      raise KeyboardInterrupt
+    return real_step(*args, **kwargs)
+
+  monkeypatch.setattr(trainer, '_train_step', dies_at_step_6)
+  with pytest.raises(KeyboardInterrupt):
+    trainer.train(broken)
+  monkeypatch.setattr(trainer, '_train_step', real_step)
+  trainer.train(broken)   # the same command again
+  resumed = [json.loads(line) for line in open(os.path.join(broken.output_dir, 'metrics.jsonl'))]
+  assert [r['step'] for r in resumed] == list(range(1, 9))   # no step lost or written twice
+  for a, b in zip(reference, resumed):
+    assert a['loss'] == b['loss'], (a, b)   # bit-identical losses
+  signature = drafter_io.target_signature(TARGET.config, 'sha-tiny')
+  heads_a, _, _ = drafter_io.load_drafter(os.path.join(unbroken.output_dir, 'drafter'), 'medusa',
+                                          target=signature)
+  heads_b, _, manifest = drafter_io.load_drafter(os.path.join(broken.output_dir, 'drafter'),
+                                                 'medusa', target=signature)
+  for x, y in zip(jax.tree.leaves(heads_a), jax.tree.leaves(heads_b)):
+    np.testing.assert_array_equal(x, y)
+  assert manifest['steps'] == 8 and manifest['data_recipe']['num_shards'] == 3
+  assert os.path.getsize(os.path.join(broken.output_dir, 'curve.png')) > 0
+
+
+def test_batches_are_a_pure_function_of_the_step():
+  first = [trainer.batch_indices(0, s, 3, 10) for s in range(7)]
+  assert all(np.array_equal(a, trainer.batch_indices(0, s, 3, 10)) for s, a in enumerate(first))
+  flat = np.concatenate(first)   # 21 draws: two whole epochs, each a permutation
+  assert sorted(flat[:10].tolist()) == sorted(flat[10:20].tolist()) == list(range(10))
+  assert flat[:10].tolist() != flat[10:20].tolist()   # reshuffled each epoch
+
+
+# ----------------------------------------------------------------- the data
+
+def test_killed_data_generation_resumes_without_gaps_or_duplicates(tmp_path):
+  r = recipe()
+  directory = str(tmp_path / 'data')
+  assert distill_data.generate(TARGET, TARGET_PARAMS, r, directory) == [0, 1, 2]
+  whole_tokens, whole_lengths = distill_data.load(directory)
+  # Killed while writing shard 1: its provenance never landed, a temporary file did.
+  _, meta = distill_data.shard_paths(directory, 1)
+  os.remove(meta)
+  with open(os.path.join(directory, 'shard_00002.npz.tmp-999'), 'wb') as f:
+    f.write(b'partial')
+  assert distill_data.generate(TARGET, TARGET_PARAMS, r, directory) == [1]
+  tokens, lengths = distill_data.load(directory)
+  np.testing.assert_array_equal(tokens, whole_tokens)
+  np.testing.assert_array_equal(lengths, whole_lengths)
+  assert len(tokens) == 3 * 4
+  assert [r.is_sampled(s) for s in range(3)].count(True) in (1, 2)   # greedy and sampled
+  with pytest.raises(ValueError, match='another recipe.*seed'):
+    distill_data.generate(TARGET, TARGET_PARAMS, recipe(seed=2), directory)
+
+
+def test_a_corrupt_or_missing_shard_is_named(tmp_path):
+  directory = str(tmp_path / 'data')
+  distill_data.generate(TARGET, TARGET_PARAMS, recipe(num_shards=2), directory)
+  data, _ = distill_data.shard_paths(directory, 1)
+  with open(data, 'wb') as f:
+    f.write(b'not a zip')
+  with pytest.raises(ValueError, match='shard_00001.npz: corrupt shard'):
+    distill_data.load(directory)
+  os.remove(data)
+  with pytest.raises(ValueError, match='shard 1 is missing'):
+    distill_data.load(directory)
+
+
+# --------------------------------------------------- trained beats untrained
+
+def test_trained_heads_beat_untrained_ones_on_held_out_text(tmp_path, monkeypatch):
+  """On a target whose next tokens follow from its hidden state (a bigram with
+  features), heads trained on its text draft far better than untrained heads (which
+  repeat the target's own next-token guess one place too late) on shards held out."""
+  vocab, width = 64, 16
+  toy = toy_models.HiddenBigram(tiny_config(vocab_size=vocab, embed_dim=width))
+  rng = np.random.default_rng(0)
+  params = {'hidden_VxD': jnp.asarray(rng.normal(size=(vocab, width)), jnp.float32),
+            'embedding_VxD': jnp.asarray(rng.normal(size=(vocab, width)) * 0.5, jnp.float32)}
+  monkeypatch.setattr(trainer, 'load_target', lambda name: (toy, params, 'sha-toy'))
+  cfg = config(tmp_path, steps=60, eval_every=60, log_every=20, checkpoint_every=60,
+               learning_rate=1e-2, final_learning_rate=1e-3,
+               data=dict(num_shards=5, sequences_per_shard=8, seq_len=32, start_tokens=3,
+                         sampled_fraction=0.0, seed=3, bos_id=2, eos_ids=()))
+  trained = trainer.train(cfg)
+  tokens, lengths = distill_data.load(os.path.join(cfg.output_dir, 'data'), [4])
+  assert len({tuple(row[:8]) for row in tokens.tolist()}) > 2   # varied held-out text
+  untrained = trainer.evaluate(medusa.init_heads(3, width), toy, params,
+                               medusa.head_matrix(params, None),
+                               objective.draft_index(None, vocab), tokens, lengths, 4)
+  assert trained['heldout_mean_accepted_tokens'] > untrained['heldout_mean_accepted_tokens'] + 0.5
+  assert trained['heldout_loss'] < untrained['heldout_loss']
+
+
+# ------------------------------------------------------------------ bad input
+
+def test_a_drafter_checkpoint_for_another_target_or_damaged_is_refused(tmp_path):
+  heads = medusa.init_heads(2, TARGET.config.embed_dim)
+  signature = drafter_io.target_signature(TARGET.config, 'sha-a')
+  where = tmp_path / 'heads'
+  drafter_io.save_drafter(where, 'medusa', heads, target=signature, vocab_ids_N=np.arange(8))
+  loaded, ids, _ = drafter_io.load_drafter(where, 'medusa', target=signature)
+  assert ids.tolist() == list(range(8)) and loaded['w_KxDxD'].shape == (2, 32, 32)
+  wider = drafter_io.target_signature(dataclasses.replace(TARGET.config, embed_dim=64), 'sha-a')
+  with pytest.raises(CheckpointError, match='another target: its embed_dim is 32.*64'):
+    drafter_io.load_drafter(where, 'medusa', target=wider)
+  with pytest.raises(CheckpointError, match="another target: its sha256 is 'sha-a'"):
+    drafter_io.load_drafter(where, 'medusa', target={**signature, 'sha256': 'sha-b'})
+  with pytest.raises(CheckpointError, match="holds a 'medusa' drafter, not 'eagle'"):
+    drafter_io.load_drafter(where, 'eagle', target=signature)
+  np.save(where / 'vocab_ids.npy', np.arange(1, 9))
+  with pytest.raises(CheckpointError, match='does not match the draft vocabulary'):
+    drafter_io.load_drafter(where, 'medusa', target=signature)
+  (where / 'drafter.json').write_text('{not json')
+  with pytest.raises(CheckpointError, match='corrupt drafter manifest'):
+    drafter_io.load_drafter(where, 'medusa', target=signature)
+  with pytest.raises(CheckpointError, match='not a specjax drafter checkpoint'):
+    drafter_io.load_drafter(tmp_path, 'medusa', target=signature)
+
+
+@pytest.mark.parametrize('key,value,message', [
+    ('drafter', 'eagle', "knows 'medusa'"),
+    ('heldout_shards', 3, 'must leave training shards'),
+    ('warmup_steps', 8, 'warmup_steps must be in'),
+    ('num_heads', 0, 'num_heads must be >= 1'),
+])
+def test_bad_training_config_values_are_named(tmp_path, key, value, message):
+  with pytest.raises(ValueError, match=message):
+    config(tmp_path, **{key: value})

@@ -64,7 +64,7 @@ def get_config(arg=None):
   c.mesh_data = 1
   c.mesh_model = 1
   # Speculative decoding.
-  c.drafters = ('ngram',)       # any of 'ngram', 'draft_model', 'early_exit'
+  c.drafters = ('ngram',)       # any of 'ngram', 'draft_model', 'early_exit', 'medusa'
   c.gamma = 4                   # the most tokens drafted per target call
   # Per step, each row verifies as many drafts as its evidence supports and the
   # call's width maximises expected tokens per measured cost (0 = a plain step);
@@ -75,6 +75,8 @@ def get_config(arg=None):
   c.ngram = dict(max_n=3, min_n=1)
   c.draft_model = dict(checkpoint='', min_confidence=0.0)
   c.early_exit = dict(layers=4, min_confidence=0.0)
+  # Trained Medusa heads: a directory `python -m specjax.train --config=configs/train_medusa.py` wrote.
+  c.medusa = dict(checkpoint='', min_confidence=0.0)
   c.update(parse_arg(arg, c))
   return c
 

@@ -9,6 +9,7 @@ checkpoint name; the recipe is configs/train_medusa.py's, shrunk.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import pathlib
@@ -28,6 +29,7 @@ from specjax.training import trainer
 import toy_models
 from specjax.models.config import tiny_config
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 TARGET, TARGET_PARAMS = toy_models.tiny_gemma()
 
 
@@ -225,3 +227,37 @@ def test_a_drafter_checkpoint_for_another_target_or_damaged_is_refused(tmp_path)
 def test_bad_training_config_values_are_named(tmp_path, key, value, message):
   with pytest.raises(ValueError, match=message):
     config(tmp_path, **{key: value})
+
+
+# ---------------------------------------------------- trained heads, end to end
+
+def test_the_tiny_recipe_trains_heads_that_a_run_serves_exactly(tmp_path, monkeypatch):
+  """configs/train_medusa.py:tiny, then `run_experiment` with drafters=('medusa',):
+  greedy output identical to the baseline, and a checkpoint for another target refused."""
+  from specjax import experiment  # pylint: disable=g-import-not-at-top
+  from specjax.checkpoints import CheckpointError as Refused  # pylint: disable=g-import-not-at-top
+  import test_experiment  # pylint: disable=g-import-not-at-top
+  monkeypatch.undo()   # the real tiny-random target, as the experiment loads it
+  spec = importlib.util.spec_from_file_location('train_medusa', ROOT / 'configs' /
+                                                'train_medusa.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  train_config = module.get_config('tiny')
+  train_config.output_dir = str(tmp_path / 'train')
+  final = trainer.train(trainer.TrainConfig.from_config(train_config))
+  assert final['heldout_mean_accepted_tokens'] >= 1.0
+  heads_dir = str(tmp_path / 'train' / 'drafter')
+  config = test_experiment.tiny_config(tmp_path / 'run', drafters=('medusa',), gamma=3,
+                                       medusa=dict(checkpoint=heads_dir, min_confidence=0.0))
+  experiment.run_experiment(config)
+  rows = test_experiment.read_rows(config)
+  assert [r['method'] for r in rows].count('medusa') == 3
+  assert all(r['identical_to_baseline'] for r in rows if r['method'] == 'medusa')
+  # The same heads for a target of another vocabulary: refused before anything runs.
+  manifest = json.loads(open(os.path.join(heads_dir, 'drafter.json')).read())
+  manifest['target']['vocab_size'] += 1
+  with open(os.path.join(heads_dir, 'drafter.json'), 'w') as f:
+    json.dump(manifest, f)
+  config.output_dir = str(tmp_path / 'run2')
+  with pytest.raises(Refused, match='another target: its vocab_size is 261'):
+    experiment.run_experiment(config)

@@ -1,4 +1,5 @@
-"""Drafters: n-gram prompt lookup, a smaller draft model, the target's early layers.
+"""Drafters: n-gram prompt lookup, a smaller draft model, the target's early layers,
+Medusa heads trained on the target's hidden states.
 
 Each drafter module owns its `Settings` (one nested config entry, e.g.
 `c.ngram = dict(max_n=3, min_n=1)`), checked by `settings_for` where the
@@ -12,6 +13,7 @@ from typing import Any
 
 from specjax.drafters import draft_model as draft_model_lib
 from specjax.drafters import early_exit as early_exit_lib
+from specjax.drafters import medusa as medusa_lib
 from specjax.drafters import ngram as ngram_lib
 from specjax.drafters.base import Drafter, Proposal, TargetView, settings_from
 from specjax.models.language_model import LanguageModel
@@ -20,6 +22,7 @@ SETTINGS = {
     'ngram': ngram_lib.Settings,
     'draft_model': draft_model_lib.Settings,
     'early_exit': early_exit_lib.Settings,
+    'medusa': medusa_lib.Settings,
 }
 DRAFTER_NAMES = tuple(SETTINGS)
 
@@ -33,9 +36,11 @@ def settings_for(name: str, values: Mapping[str, Any] | None = None):
 
 
 def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
-                 draft_model: tuple[LanguageModel, object] | None = None) -> Drafter:
+                 draft_model: tuple[LanguageModel, object] | None = None,
+                 medusa_heads: tuple[object, object] | None = None) -> Drafter:
   """Builds a drafter by name; `settings` is its Settings or a mapping of them,
-  `draft_model` is (model, params) for 'draft_model'."""
+  `draft_model` is (model, params) for 'draft_model', `medusa_heads` is (heads,
+  draft vocabulary ids or None) for 'medusa' (`checkpoints.drafter_io` loads them)."""
   if settings is None or isinstance(settings, Mapping) or hasattr(settings, 'to_dict'):
     settings = settings_for(name, settings)
   if name == 'ngram':
@@ -52,6 +57,12 @@ def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
           f'draft model vocabulary ({model.config.vocab_size} tokens) differs from the '
           f"target's ({target.config.vocab_size}): a drafter must share the target's vocabulary")
     return draft_model_lib.make(model, params, settings)
+  if name == 'medusa':
+    if medusa_heads is None:
+      raise ValueError("the 'medusa' drafter needs trained heads (config key medusa.checkpoint, "
+                       'a directory `python -m specjax.train` wrote)')
+    heads, vocab_ids = medusa_heads
+    return medusa_lib.make(target, heads, settings, vocab_ids_N=vocab_ids)
   raise ValueError(f'unknown drafter {name!r}; known drafters: {", ".join(DRAFTER_NAMES)}')
 
 

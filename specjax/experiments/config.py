@@ -66,6 +66,7 @@ class ExperimentConfig:
   ngram: dict
   draft_model: dict
   early_exit: dict
+  medusa: dict
 
   @classmethod
   def from_config(cls, config: Mapping[str, Any]) -> ExperimentConfig:
@@ -138,6 +139,13 @@ class ExperimentConfig:
              "must name a checkpoint when drafters include 'draft_model'")
       _check(_is_checkpoint(checkpoint), 'draft_model.checkpoint',
              f'is {checkpoint!r}: not embedded:NAME and not an existing path')
+    if 'medusa' in self.drafters:
+      checkpoint = self.medusa.get('checkpoint', '')
+      _check(checkpoint != '', 'medusa.checkpoint',
+             "must name trained heads when drafters include 'medusa' (a directory "
+             '`python -m specjax.train` wrote)')
+      _check(os.path.isfile(os.path.join(checkpoint, 'drafter.json')), 'medusa.checkpoint',
+             f'is {checkpoint!r}, which holds no drafter.json: not a trained drafter directory')
 
   def _check_draft_length(self):
     values = self.draft_length

@@ -59,12 +59,25 @@ def checkpoint_digests(config: ExperimentConfig) -> dict[str, str]:
   names = {'model': config.model} if config.model != TINY_RANDOM else {}
   if 'draft_model' in config.drafters:
     names['draft_model'] = config.draft_model['checkpoint']
+  if 'medusa' in config.drafters:
+    names['medusa'] = config.medusa['checkpoint']
   return {key: checkpoints.content_digest(name) for key, name in names.items()}
 
 
 def load_draft_model(config: ExperimentConfig, target: language_model.LanguageModel):
   """(LanguageModel, params) of the 'draft_model' drafter, placed like the target."""
   return _place(*checkpoints.load_checkpoint(config.draft_model['checkpoint']), target.mesh)
+
+
+def load_medusa_heads(config: ExperimentConfig, target: language_model.LanguageModel):
+  """(heads, draft vocabulary ids or None) of the 'medusa' drafter, checked against the
+  target they were trained for."""
+  from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
+  sha = '' if config.model == TINY_RANDOM else checkpoints.content_digest(config.model)
+  heads, vocab_ids, _ = drafter_io.load_drafter(
+      config.medusa['checkpoint'], 'medusa',
+      target=drafter_io.target_signature(target.config, sha))
+  return heads, vocab_ids
 
 
 def _place(model_config, params, mesh):

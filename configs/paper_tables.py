@@ -18,6 +18,8 @@ one prompt per Spec-Bench task and works too). Each sweep, then its report:
   :chen        Chen et al. 2023, Table 1: ms/token of autoregressive and
                speculative sampling, greedy and nucleus (T = 1, top-p 0.8).
 
+`drafters=ngram` (or `ngram+early_exit`, ...) after the table narrows its drafters.
+
 A cell per (drafter, gamma, sampling); the baseline is shared by the cells of
 one sampling setting. Output: results/paper_tables-<table>-sweep.
 """
@@ -31,8 +33,8 @@ gemma = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gemma)
 
 TABLES = ('leviathan', 'spec_bench', 'chen')
-# Drafters that need nothing but the target (draft_model needs a checkpoint:
-# add it with `:table,draft_model.checkpoint=...` and it joins every table).
+# The default drafters: those that need nothing but the target. draft_model and
+# medusa need a checkpoint: `:table,medusa.checkpoint=...` adds one to every table.
 TRAINING_FREE = ('ngram', 'early_exit')
 NUCLEUS = dict(temperature=1.0, top_p=0.8)
 
@@ -49,7 +51,7 @@ def get_config(arg=None):
   table, rest = _split(arg)
   c = gemma.get_config(rest or None)
   overrides = dict(chat_template=False, per_category=2, max_new_tokens=64,
-                   output_dir=f'results/paper_tables-{table}')
+                   drafters=TRAINING_FREE, output_dir=f'results/paper_tables-{table}')
   if table != 'spec_bench':
     overrides['draft_length'] = dict(c.draft_length, adaptive=False)
   for key, value in gemma.parse_arg(rest, c).items():  # the arg's own keys win
@@ -60,9 +62,11 @@ def get_config(arg=None):
 
 def get_sweep(arg=None):
   table, _ = _split(arg)
-  drafters = list(TRAINING_FREE)
-  if get_config(arg).draft_model.checkpoint:
-    drafters.append('draft_model')
+  config = get_config(arg)
+  drafters = list(config.drafters)   # `:leviathan,drafters=ngram` narrows a table
+  for name in ('draft_model', 'medusa'):
+    if config[name].checkpoint and name not in drafters:
+      drafters.append(name)
   cells = []
   if table == 'leviathan':
     for temperature in (0.0, 1.0):

@@ -203,5 +203,6 @@ def test_paper_table_sweeps_are_valid_cells_of_their_base_config():
     cells = sweep_cells.expand(base.to_dict(), module.get_sweep(table))
     assert len(cells) == count
   assert module.get_config('chen,max_new_tokens=16').max_new_tokens == 16  # the arg wins
+  assert len(module.get_sweep('leviathan,drafters=ngram')) == 4
   with pytest.raises(ValueError, match='needs a table'):
     module.get_config('')

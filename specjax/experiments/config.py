@@ -65,6 +65,7 @@ class ExperimentConfig:
   ngram: dict
   draft_model: dict
   early_exit: dict
+  layer_skip: dict
 
   @classmethod
   def from_config(cls, config: Mapping[str, Any]) -> ExperimentConfig:

@@ -72,7 +72,8 @@ def _autoregressive(model, params, config: ExperimentConfig, eos_ids) -> Runner:
 def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runner:
   drafter = drafters.make_drafter(
       name, target=model, settings=config.drafter_settings(name),
-      draft_model=loading.load_draft_model(config, model) if name == 'draft_model' else None)
+      draft_model=loading.load_draft_model(config, model) if name == 'draft_model' else None,
+      target_params=params)  # the tokenizer was checked against a draft vocabulary in preflight
   policy_for = functools.cache(functools.partial(_policy, model, params, config))
 
   def run(packed):

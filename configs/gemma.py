@@ -64,7 +64,7 @@ def get_config(arg=None):
   c.mesh_data = 1
   c.mesh_model = 1
   # Speculative decoding.
-  c.drafters = ('ngram',)       # any of 'ngram', 'draft_model', 'early_exit', 'medusa'
+  c.drafters = ('ngram',)       # any of 'ngram', 'draft_model', 'early_exit', 'layer_skip', 'medusa'
   c.gamma = 4                   # the most tokens drafted per target call
   # Per step, each row verifies as many drafts as its evidence supports and the
   # call's width maximises expected tokens per measured cost (0 = a plain step);
@@ -74,7 +74,14 @@ def get_config(arg=None):
   # Each drafter's settings, checked where it is built (specjax/drafters/<name>.py).
   c.ngram = dict(max_n=3, min_n=1)
   c.draft_model = dict(checkpoint='', min_confidence=0.0)
-  c.early_exit = dict(layers=4, min_confidence=0.0)
+  # The target's first `layers` layers draft. draft_vocab: '' = the full tied head;
+  # 'embedded' = the shipped reduced vocabulary of the embedded 270M (its first
+  # draft_vocab_size most frequent tokens); else a .npz from specjax.drafters.build_draft_vocab.
+  c.early_exit = dict(layers=4, min_confidence=0.0, draft_vocab='', draft_vocab_size=32768)
+  # The target minus the layers in `skip` drafts; skip=() takes the set the search
+  # (specjax.drafters.search_layer_skip) found for the embedded 270M, shipped with it.
+  c.layer_skip = dict(skip=(), min_confidence=0.0, draft_vocab='embedded',
+                      draft_vocab_size=32768)
   # Trained Medusa heads: a directory `python -m specjax.train --config=configs/train_medusa.py` wrote.
   c.medusa = dict(checkpoint='', min_confidence=0.0)
   c.update(parse_arg(arg, c))
@@ -143,8 +150,8 @@ def _cast(key, value, default):
     if value.lower() not in ('auto', 'true', 'false'):
       raise ValueError(f"config key 'chat_template' takes auto, true or false, got {value!r}")
     return 'auto' if value.lower() == 'auto' else value.lower() == 'true'
-  if isinstance(default, tuple):
-    return tuple(filter(None, value.split('+')))
+  if isinstance(default, tuple):   # names, or layer numbers (layer_skip.skip=3+5+7)
+    return tuple(int(v) if v.isdigit() else v for v in filter(None, value.split('+')))
   if isinstance(default, bool):
     if value.lower() not in ('true', 'false', '1', '0'):
       raise ValueError(f'config key {key!r} takes true or false, got {value!r}')

@@ -59,6 +59,7 @@ def run_experiment_with_rows(config: Mapping[str, Any]
                               cfg.per_category)
   prompt_format = prompt_format_lib.resolve(cfg)
   tokenizer = loading.tokenizer(cfg)
+  preflight.check_draft_vocab(cfg, tokenizer)
   token_ids = {p.id: tokenizer.encode(prompt_format.apply(tokenizer, p.text), add_bos=True)
                for p in prompts}
   skipped = preflight.fit_prompts(cfg, [p.id for p in prompts], token_ids)

@@ -18,9 +18,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from specjax.checkpoints import embedded
+from specjax.drafters import draft_vocab
 from specjax.checkpoints import weight_cache
 from specjax.tokenizer import Tokenizer
 
@@ -99,6 +101,14 @@ BAD_INPUTS = {
                           ["config.too_long is 'skp'"]),
     'output_dir under a file': (['--config={config}', '--config.output_dir={tmp}/a_file/out'],
                                 ['config.output_dir', 'a_file']),
+    'draft vocabulary of another tokenizer': (
+        ['--config={config}', "--config.drafters=('early_exit',)",
+         '--config.early_exit.draft_vocab={tmp}/other.npz'],
+        ['config.early_exit.draft_vocab', 'other.npz', 'another tokenizer']),
+    'skip set naming a layer the model lacks': (
+        ['--config={config}', "--config.drafters=('layer_skip',)",
+         '--config.layer_skip.skip=(3,18)'],
+        ['config.layer_skip.skip', '[18]', '18 layers']),
 }
 
 
@@ -106,6 +116,8 @@ def bad_input_files(tmp: pathlib.Path) -> None:
   (tmp / 'a_dir').mkdir()
   (tmp / 'latin1.jsonl').write_bytes('{"id": "a", "prompt": "café"}\n'.encode('latin-1'))
   (tmp / 'a_file').write_text('')
+  draft_vocab.save(draft_vocab.DraftVocab(np.arange(8, dtype=np.int32), 262144, 'another-tokenizer'),
+                   tmp / 'other.npz')
 
 
 @pytest.mark.parametrize('case', BAD_INPUTS)

@@ -1,5 +1,5 @@
-"""Drafters: n-gram prompt lookup, a smaller draft model, the target's early layers,
-Medusa heads trained on the target's hidden states.
+"""Drafters: n-gram prompt lookup, a smaller draft model, the target cut short
+(its early layers, or all but a skipped set), Medusa heads trained on its hidden states.
 
 Each drafter module owns its `Settings` (one nested config entry, e.g.
 `c.ngram = dict(max_n=3, min_n=1)`), checked by `settings_for` where the
@@ -13,6 +13,7 @@ from typing import Any
 
 from specjax.drafters import draft_model as draft_model_lib
 from specjax.drafters import early_exit as early_exit_lib
+from specjax.drafters import layer_skip as layer_skip_lib
 from specjax.drafters import medusa as medusa_lib
 from specjax.drafters import ngram as ngram_lib
 from specjax.drafters.base import Drafter, Proposal, TargetView, settings_from
@@ -22,6 +23,7 @@ SETTINGS = {
     'ngram': ngram_lib.Settings,
     'draft_model': draft_model_lib.Settings,
     'early_exit': early_exit_lib.Settings,
+    'layer_skip': layer_skip_lib.Settings,
     'medusa': medusa_lib.Settings,
 }
 DRAFTER_NAMES = tuple(SETTINGS)
@@ -37,16 +39,24 @@ def settings_for(name: str, values: Mapping[str, Any] | None = None):
 
 def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
                  draft_model: tuple[LanguageModel, object] | None = None,
+                 target_params=None, tokenizer: str | None = None,
                  medusa_heads: tuple[object, object] | None = None) -> Drafter:
   """Builds a drafter by name; `settings` is its Settings or a mapping of them,
-  `draft_model` is (model, params) for 'draft_model', `medusa_heads` is (heads,
-  draft vocabulary ids or None) for 'medusa' (`checkpoints.drafter_io` loads them)."""
+  `draft_model` is (model, params) for 'draft_model'. The self-drafters take
+  `target_params` (a reduced head is gathered from them) and `tokenizer`, the
+  fingerprint a draft vocabulary file must carry (None: not checked).
+  `medusa_heads` is (heads, draft vocabulary ids or None) for 'medusa'
+  (`checkpoints.drafter_io` loads them)."""
   if settings is None or isinstance(settings, Mapping) or hasattr(settings, 'to_dict'):
     settings = settings_for(name, settings)
   if name == 'ngram':
     return ngram_lib.make(settings)
   if name == 'early_exit':
-    return early_exit_lib.make(target, settings)
+    return early_exit_lib.make(target, settings, target_params=target_params,
+                               tokenizer=tokenizer)
+  if name == 'layer_skip':
+    return layer_skip_lib.make(target, settings, target_params=target_params,
+                               tokenizer=tokenizer)
   if name == 'draft_model':
     if draft_model is None:
       raise ValueError("the 'draft_model' drafter needs a draft model checkpoint "

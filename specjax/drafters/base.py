@@ -110,9 +110,12 @@ def settings_from(cls, values: Any, key: str):
     raise ValueError(f'config.{key} has unknown setting(s) {", ".join(unknown)}; '
                      f'known: {", ".join(fields) or "none"}')
   for name, value in values.items():
-    kind = {'int': int, 'float': (int, float), 'str': str, 'bool': bool}[fields[name].type]
+    kind = {'int': int, 'float': (int, float), 'str': str, 'bool': bool,
+            'tuple': (tuple, list)}[fields[name].type]
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
       raise ValueError(f'config.{key}.{name} must be a {fields[name].type}, got {value!r}')
+    if kind == (tuple, list):
+      values[name] = tuple(value)
   try:
     return cls(**values)
   except ValueError as e:

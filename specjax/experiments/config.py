@@ -66,6 +66,7 @@ class ExperimentConfig:
   ngram: dict
   draft_model: dict
   early_exit: dict
+  layer_skip: dict
   medusa: dict
 
   @classmethod

@@ -1,7 +1,8 @@
 """What is checked before a model loads, beyond the config's own values.
 
-The output directory, the device count against the mesh, the early-exit
-drafter's layers against the target's (read from its name or file header),
+The output directory, the device count against the mesh, the self-drafters'
+layers (early exit's depth, layer skipping's set) against the target's (read
+from its name or file header), a draft vocabulary file against the tokenizer,
 and each prompt's KV cache room: its
 tokens, `max_new_tokens` and the verify slots must fit in `max_cache_len`.
 Found later, inside a compiled batch, the same faults cost the weight load
@@ -21,6 +22,8 @@ from absl import logging
 import jax
 
 from specjax.checkpoints import gguf_header
+from specjax.drafters import draft_vocab as draft_vocab_lib
+from specjax.drafters import layer_skip as layer_skip_lib
 from specjax.experiments.config import BASELINE, TINY_RANDOM, ConfigError, ExperimentConfig
 from specjax.models import config as model_configs
 
@@ -48,6 +51,7 @@ def check_config(config: ExperimentConfig) -> None:
         f'config.mesh_data={config.mesh_data} x config.mesh_model={config.mesh_model} needs '
         f'{wanted} devices; this machine has {len(devices)} ({devices[0].platform})')
   _check_early_exit_layers(config)
+  _check_layer_skip(config)
   needed, extra = slots_needed(config, 1)  # a prompt is at least its BOS
   if needed > config.max_cache_len:
     raise ConfigError(
@@ -125,6 +129,49 @@ def _check_early_exit_layers(config: ExperimentConfig) -> None:
   if total is not None and not 1 <= layers < total:
     raise ConfigError(f'config.early_exit.layers is {layers}: the target {config.model} has '
                       f'{total} layers, so it must be in [1, {total - 1}]')
+
+
+def _check_layer_skip(config: ExperimentConfig) -> None:
+  if 'layer_skip' not in config.drafters:
+    return
+  if config.model == TINY_RANDOM:
+    total = model_configs.tiny_config().num_layers
+  else:
+    total = model_layers(config.model)
+  if total is None:
+    return  # the drafter checks again once the model is loaded
+  settings = config.drafter_settings('layer_skip')
+  fields = (None if not config.model.startswith('embedded:') else
+            _model_fields(model_configs.get_model_config(config.model.partition(':')[2])))
+  try:
+    layer_skip_lib.skip_set(settings, total, fields)
+  except ValueError as e:
+    raise ConfigError(f'{e} (target {config.model})') from None
+
+
+def _model_fields(model_config) -> dict:
+  return dict(num_layers=model_config.num_layers, embed_dim=model_config.embed_dim,
+              vocab_size=model_config.vocab_size)
+
+
+def check_draft_vocab(config: ExperimentConfig, tokenizer) -> None:
+  """Each self-drafter's draft vocabulary file, read and matched to the run's tokenizer
+  by fingerprint, before any weight loads."""
+  fingerprint = None
+  for name in ('early_exit', 'layer_skip'):
+    settings = config.drafter_settings(name)
+    if name not in config.drafters or not settings.draft_vocab:
+      continue
+    path = draft_vocab_lib.resolve_path(settings.draft_vocab)
+    try:
+      vocab = draft_vocab_lib.load(path)
+    except ValueError as e:
+      raise ConfigError(f'config.{name}.draft_vocab is {settings.draft_vocab!r}: {e}') from None
+    fingerprint = fingerprint or draft_vocab_lib.tokenizer_fingerprint(tokenizer)
+    if vocab.tokenizer != fingerprint:
+      raise ConfigError(
+          f'config.{name}.draft_vocab is {settings.draft_vocab!r}: {path} belongs to another '
+          f'tokenizer (its fingerprint {vocab.tokenizer}, this run\'s tokenizer {fingerprint})')
 
 
 def check_model(config: ExperimentConfig, max_position: int) -> None:

@@ -9,6 +9,7 @@ A bad line fails with its file and line number.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.resources
 import json
 from collections.abc import Sequence
@@ -16,6 +17,10 @@ from collections.abc import Sequence
 from specjax.experiments.config import ConfigError
 
 BUILTIN = 'builtin.jsonl'
+# Raw-text starts (code, prose, news, dialogue, maths, translation by example, lists,
+# Q&A), none from Spec-Bench: what a reduced draft vocabulary and a layer-skip set
+# are fitted on, so that Spec-Bench stays held out.
+CALIBRATION = 'calibration.jsonl'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +44,13 @@ def load_prompts(path: str = '') -> list[Prompt]:
                         f'{e.strerror or e}') from None
   source = importlib.resources.files('specjax.prompts') / BUILTIN
   return parse_jsonl(source.read_text(encoding='utf-8'), f'specjax/prompts/{BUILTIN}')
+
+
+def calibration_prompts() -> tuple[list[Prompt], str]:
+  """The calibration prompts and the sha256 of their file (for provenance)."""
+  text = (importlib.resources.files('specjax.prompts') / CALIBRATION).read_text(encoding='utf-8')
+  return (parse_jsonl(text, f'specjax/prompts/{CALIBRATION}'),
+          hashlib.sha256(text.encode()).hexdigest())
 
 
 def parse_jsonl(text: str, source: str) -> list[Prompt]:

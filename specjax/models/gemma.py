@@ -58,7 +58,7 @@ class ForwardOutput:
     or None when none was asked for.
   """
 
-  logits_BxRxV: Array
+  logits_BxRxV: Array | None   # None when the pass was asked for no logits
   cache: Cache
   hidden_BxTxD: Array
   layer_hidden_LxBxTxD: Array | None = None
@@ -267,11 +267,15 @@ class Transformer(nn.Module):
   """Gemma decoder over an explicit KV cache.
 
   __call__(tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-  num_layers=None, hidden_layers=()) returns a `ForwardOutput`.
+  num_layers=None, hidden_layers=(), skip_layers=(), logits=True) returns a
+  `ForwardOutput`.
   `positions_BxT` must be consecutive in each row (T new tokens starting at
   the row's own offset). `logit_indices_BxR` picks which of the T outputs get
   the (costly, V-wide) head; None means all. `num_layers` runs only the first
-  layers, then the final norm and head: the early-exit drafter.
+  layers, then the final norm and head: the early-exit drafter. `skip_layers`
+  (static) makes those layers the identity: they neither read nor write their
+  cache (a layer-skipping self-drafter). `logits=False` stops after the final
+  norm (logits None): a drafter with its own, smaller head skips the V-wide one.
   """
 
   config: GemmaConfig
@@ -281,7 +285,8 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens_BxT: Array, positions_BxT: Array, cache: Cache,
                logit_indices_BxR: Array | None = None, num_layers: int | None = None,
-               hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+               hidden_layers: tuple[int, ...] = (), skip_layers: tuple[int, ...] = (),
+               logits: bool = True) -> ForwardOutput:
     cfg = self.config
     embedding_VxD = self.param('embedding_VxD', nn.initializers.normal(cfg.embed_dim ** -0.5),
                                (cfg.vocab_size // self.model_shards, cfg.embed_dim))
@@ -292,6 +297,8 @@ class Transformer(nn.Module):
     new_cache = list(cache)
     layer_hidden = []
     for i in range(depth):
+      if i in skip_layers and not self.is_initializing():
+        continue   # the identity: its cache entry is left as it was
       x_BxTxD, new_cache[i] = Block(cfg, cfg.attention_kind(i), self.model_axis,
                                     self.model_shards, name=f'layer_{i}')(
                                         x_BxTxD, positions_BxT, cache[i])
@@ -305,14 +312,14 @@ class Transformer(nn.Module):
             x_BxTxD, positions_BxT, cache[i])
 
     hidden_BxTxD = RMSNorm(cfg.rms_norm_eps, name='final_norm')(x_BxTxD)
+    stacked = jnp.stack(layer_hidden) if layer_hidden else None
+    if not logits:
+      return ForwardOutput(None, new_cache, hidden_BxTxD, stacked)
     x_BxRxD = hidden_BxTxD
     if logit_indices_BxR is not None:
       x_BxRxD = jnp.take_along_axis(hidden_BxTxD, logit_indices_BxR[:, :, None], axis=1)
-    logits = lm_head(embedding_VxD, x_BxRxD, self.model_axis)
-    if cfg.final_logit_softcap is not None:
-      logits = jnp.tanh(logits / cfg.final_logit_softcap) * cfg.final_logit_softcap
-    stacked = jnp.stack(layer_hidden) if layer_hidden else None
-    return ForwardOutput(logits, new_cache, hidden_BxTxD, stacked)
+    logits_BxRxV = softcap_logits(lm_head(embedding_VxD, x_BxRxD, self.model_axis), cfg)
+    return ForwardOutput(logits_BxRxV, new_cache, hidden_BxTxD, stacked)
 
 
 def embed(embedding_VxD: Array, tokens_BxT: Array, model_axis: str | None) -> Array:
@@ -332,6 +339,13 @@ def lm_head(embedding_VxD: Array, x_BxRxD: Array, model_axis: str | None) -> Arr
   if model_axis is not None:
     logits = jax.lax.all_gather(logits, model_axis, axis=2, tiled=True)
   return logits
+
+
+def softcap_logits(logits: Array, config: GemmaConfig) -> Array:
+  """Gemma 2's final soft cap (a no-op for Gemma 3); a reduced draft head applies it too."""
+  if config.final_logit_softcap is None:
+    return logits
+  return jnp.tanh(logits / config.final_logit_softcap) * config.final_logit_softcap
 
 
 def init_params(config: GemmaConfig, rng: Array, dtype: Any = jnp.float32) -> dict:

@@ -24,8 +24,9 @@ Array = jax.Array
 @dataclasses.dataclass(frozen=True, eq=False)
 class LanguageModel:
   """`forward(params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-  num_layers=None, hidden_layers=()) -> gemma.ForwardOutput` (float32 logits,
-  the new cache, hidden states)."""
+  num_layers=None, hidden_layers=(), skip_layers=(), logits=True) ->
+  gemma.ForwardOutput` (float32 logits, the new cache, hidden states).
+  `skip_layers` run as the identity; `logits=False` skips the head."""
 
   config: GemmaConfig
   mesh: Mesh | None = None
@@ -52,21 +53,28 @@ class LanguageModel:
 
   def forward(self, params, tokens_BxT: Array, positions_BxT: Array, cache,
               logit_indices_BxR: Array | None = None, num_layers: int | None = None,
-              hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+              hidden_layers: tuple[int, ...] = (), skip_layers: tuple[int, ...] = (),
+              logits: bool = True) -> ForwardOutput:
     depth = self.config.num_layers if num_layers is None else num_layers
     bad = [i for i in hidden_layers if not 0 <= i < depth]
     if bad:
       raise ValueError(f'hidden_layers {bad} are outside the {depth} layers this pass runs')
     hidden_layers = tuple(sorted(set(hidden_layers)))
+    bad = [i for i in skip_layers if not 0 <= i < self.config.num_layers]
+    if bad:
+      raise ValueError(f'skip_layers {bad} are outside the model\'s {self.config.num_layers} '
+                       'layers')
+    skip_layers = tuple(sorted(set(skip_layers)))
     if self.mesh is None:
       return Transformer(self.config).apply(
           {'params': params}, tokens_BxT, positions_BxT, cache, logit_indices_BxR, num_layers,
-          hidden_layers)
+          hidden_layers, skip_layers, logits)
     return self._sharded_forward(params, tokens_BxT, positions_BxT, cache,
-                                 logit_indices_BxR, num_layers, hidden_layers)
+                                 logit_indices_BxR, num_layers, hidden_layers, skip_layers,
+                                 logits)
 
   def _sharded_forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR,
-                       num_layers, hidden_layers):
+                       num_layers, hidden_layers, skip_layers=(), logits=True):
     model_size = self.mesh.shape['model']
     p_specs = sharding.param_specs(params, self.config, model_size)
     c_specs = sharding.cache_specs(cache, self.config, model_size)
@@ -75,10 +83,10 @@ class LanguageModel:
 
     def local(params, tokens, positions, cache, indices):
       return module.apply({'params': params}, tokens, positions, cache, indices, num_layers,
-                          hidden_layers)
+                          hidden_layers, skip_layers, logits)
 
     # After each psum the hidden states are whole on every 'model' shard.
-    out_specs = ForwardOutput(P('data', None, None), c_specs, P('data', None, None),
+    out_specs = ForwardOutput(P('data', None, None) if logits else None, c_specs, P('data', None, None),
                               P(None, 'data', None, None) if hidden_layers else None)
     fn = jax.shard_map(
         local, mesh=self.mesh,

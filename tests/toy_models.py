@@ -42,8 +42,8 @@ class TableModel:
     return jnp.zeros((batch,), jnp.float32)  # the table needs no cache
 
   def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-              num_layers=None, hidden_layers=()):
-    del positions_BxT, num_layers
+              num_layers=None, hidden_layers=(), tree_mask=None):
+    del positions_BxT, num_layers, tree_mask  # a bigram model: context and tree shape play no part
     logits_BxTxV = jnp.asarray(params, jnp.float32)[tokens_BxT]
     # The "hidden state" of a bigram model is its current token, as a float.
     hidden_BxTxD = tokens_BxT[..., None].astype(jnp.float32)

@@ -19,11 +19,11 @@ min(1, r'(x) / q(x)) with r' = r / sum(r), and on its rejection
 r <- max(0, r' - q). After an acceptance, move to that child with r = p
 there; when every child was rejected (or there is none), draw the next token
 from r (from p if r is all zero). A deterministic drafter (q None, one-hot)
-makes this "accept x with probability r'(x), then zero x": identical
-siblings are then harmless (a repeated token has r'(x) = 0). The rule is
-exact when a node's children are distinct deterministic tokens, or i.i.d.
-draws from the q the drafter reports for them; with a single child it is
-Leviathan et al.'s rule.
+makes this "accept x with probability r'(x), then zero x", which is exact
+for siblings chosen in any way that does not look at the target's output;
+identical siblings are harmless (a repeated token has r'(x) = 0). With q
+reported, the rule is exact when a node's children are i.i.d. draws from that
+q; with a single child it is Leviathan et al.'s rule.
 """
 
 from __future__ import annotations

@@ -99,6 +99,13 @@ BAD_INPUTS = {
                           ["config.too_long is 'skp'"]),
     'output_dir under a file': (['--config={config}', '--config.output_dir={tmp}/a_file/out'],
                                 ['config.output_dir', 'a_file']),
+    'tree with a cycle': (['--config={config}', '--config.tree=-1,2,1'],
+                          ["config.tree is '-1,2,1'", 'tree node 1 has parent 2']),
+    'unknown tree preset': (['--config={config}', '--config.tree=eagle-99'],
+                            ["config.tree is 'eagle-99'", 'unknown tree']),
+    'tree over the cache': (['--config={config}', '--config.tree=eagle-25',
+                             '--config.max_new_tokens=4075'],
+                            ['config.max_new_tokens is 4075', '26 verify slots']),
 }
 
 

@@ -85,7 +85,8 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
     stats = [dict(gamma=config.loop_gamma, target_calls=out.target_calls[i],
                   plain_calls=out.plain_calls[i], drafted_tokens=out.drafted_tokens[i],
                   accepted_tokens=out.accepted_tokens[i],
-                  acceptance_by_position=out.accepted_at_position[i])
+                  acceptance_by_position=out.accepted_at_position[i],
+                  **({'tree': str(tree)} if tree is not None else {}))
              for i in range(len(out.new_tokens))]
     return BatchResult(out.new_tokens, out.wall_s, stats)
   return Runner(run, _packer(model, config, preflight.verify_slots(config, name)))

@@ -18,6 +18,9 @@ row accepting gamma (no lockstep). KV entries the verify pass wrote past a
 row's new length are stale; causal masking hides them and the next call
 overwrites them. No host round-trip until every row is done.
 
+With a static token tree (`Loop.tree`, `tree.py`) steps 1-4 verify the whole
+tree in one call instead, and commit its accepted path (`tree_verify.py`).
+
 Counters, per row: `target_calls` counts the prefill and every verify or plain
 call; `drafted` counts the drafts verified and `accepted` those accepted, both
 only up to where the block was cut: drafts past an EOS or past the token

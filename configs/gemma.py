@@ -71,6 +71,11 @@ def get_config(arg=None):
   # adaptive=False verifies gamma drafts every step. Empty buckets: 0, ~gamma/2,
   # gamma; empty costs: measured on this device for each batch shape.
   c.draft_length = dict(adaptive=True, buckets=(), costs=())
+  # '' = chains of gamma drafts. Else a static token tree verified in one target call
+  # per step: 'chain-G', 'medusa-16', 'eagle-25', or parent indices '-1,0,0,1' (node i
+  # continues node parents[i]; -1 is the pending token). With a tree, gamma is its
+  # depth and draft_length does not apply; only ngram fills branching trees.
+  c.tree = ''
   # Each drafter's settings, checked where it is built (specjax/drafters/<name>.py).
   c.ngram = dict(max_n=3, min_n=1)
   c.draft_model = dict(checkpoint='', min_confidence=0.0)

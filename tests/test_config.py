@@ -206,3 +206,32 @@ def test_paper_table_sweeps_are_valid_cells_of_their_base_config():
   assert len(module.get_sweep('leviathan,drafters=ngram')) == 4
   with pytest.raises(ValueError, match='needs a table'):
     module.get_config('')
+
+
+@pytest.mark.parametrize('tree, drafters, message', [
+    ('-1,0,0,5', ('ngram',), r"config.tree is '-1,0,0,5': tree node 3 has parent 5"),
+    ('0', ('ngram',), r"config.tree is '0': tree node 0 has parent 0"),
+    ('medusa-99', ('ngram',), r"config.tree is 'medusa-99': unknown tree"),
+    ('eagle-25', ('ngram', 'early_exit'), r"config.tree is 'eagle-25', a branching tree, but "
+                                          r'drafter\(s\) early_exit draft chains only'),
+])
+def test_bad_trees_fail_before_anything_loads(tree, drafters, message):
+  values = get_config().to_dict()
+  values.update(tree=tree, drafters=drafters)
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.ExperimentConfig.from_config(values)
+
+
+def test_a_tree_sets_gamma_verify_slots_and_fingerprint():
+  from specjax.experiments import preflight
+  values = get_config().to_dict()
+  base = config_lib.ExperimentConfig.from_config(values)
+  tree = config_lib.ExperimentConfig.from_config({**values, 'tree': 'eagle-25'})
+  chain = config_lib.ExperimentConfig.from_config({**values, 'tree': 'chain-3',
+                                                   'drafters': ('early_exit',)})
+  assert base.token_tree is None and base.loop_gamma == 4
+  assert tree.loop_gamma == 5 and chain.loop_gamma == 3
+  assert preflight.verify_slots(tree, 'ngram') == 26 and preflight.verify_slots(base, 'ngram') == 5
+  assert preflight.verify_slots(tree, 'autoregressive') == 1
+  assert tree.fingerprint('ngram') != base.fingerprint('ngram')
+  assert tree.fingerprint('autoregressive') == base.fingerprint('autoregressive')

@@ -401,3 +401,16 @@ def test_a_greedy_mismatch_is_reported_with_the_target_margin(tmp_path, monkeypa
   assert all(r['divergence']['logit_margin'] > 0 for r in flagged)
   assert all('divergence' not in r for r in rows if r['identical_to_baseline'])
   assert summary['methods']['ngram']['identical_fraction'] < 1.0
+
+
+def test_tiny_run_with_a_token_tree(tmp_path):
+  """config.tree reaches the loop: rows are identical to the baseline, counted by depth."""
+  config = tiny_config(tmp_path, tree='-1,0,1,-1,3')
+  summary = experiment.run_experiment(config)
+  rows = [r for r in read_rows(config) if r['method'] == 'ngram']
+  assert len(rows) == 3
+  for row in rows:
+    assert row['identical_to_baseline'] and row['tree'] == '-1,0,1,-1,3'
+    assert row['gamma'] == 3 and len(row['acceptance_by_position']) == 3
+    assert row['accepted_tokens'] <= row['drafted_tokens']
+  assert summary['methods']['ngram']['identical_fraction'] == 1.0

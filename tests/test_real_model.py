@@ -16,6 +16,7 @@ import pytest
 from specjax import checkpoints
 from specjax import sampling
 from specjax.decoding import autoregressive, draft_length, speculative
+from specjax.decoding import tree as tree_lib
 from specjax.drafters import make_drafter
 from specjax.models import config as config_lib
 from specjax.models.language_model import LanguageModel
@@ -92,6 +93,26 @@ def test_speculative_greedy_equals_autoregressive_on_the_real_model(target):
     drafter = make_drafter(name, target=model, settings={'layers': 6} if name == 'early_exit' else None)
     out = speculative.generate(model, params, drafter, PROMPTS, gamma=4, max_new_tokens=24)
     assert out.new_tokens == reference.new_tokens, name
+
+
+def test_token_tree_greedy_equals_autoregressive_on_the_real_model(target):
+  """An n-gram tree (eagle-25) at batch 4 of mixed lengths, one row past the 512-token
+  sliding window (batch 1 is tested on tiny models); early exit through a chain-shaped
+  tree."""
+  model, params = target
+  long = ([2] + PROMPTS[2][1:] * 45)[:530]
+  prompts = PROMPTS + [long]
+  reference = autoregressive.generate(model, params, prompts, max_new_tokens=16)
+  tree = tree_lib.parse('eagle-25')
+  ngram = make_drafter('ngram', target=model)
+  out = speculative.generate(model, params, ngram, prompts, gamma=tree.max_depth,
+                             max_new_tokens=16, tree=tree)
+  assert out.new_tokens == reference.new_tokens
+  assert sum(out.accepted_tokens) > 0
+  early = make_drafter('early_exit', target=model, settings={'layers': 6})
+  chain = speculative.generate(model, params, early, PROMPTS, gamma=3, max_new_tokens=16,
+                               tree=tree_lib.chain(3))
+  assert chain.new_tokens == [t for t in reference.new_tokens[:3]]
 
 
 def test_sampled_batch_rows_equal_rows_alone_on_the_real_model(target):

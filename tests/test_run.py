@@ -109,6 +109,13 @@ BAD_INPUTS = {
         ['--config={config}', "--config.drafters=('layer_skip',)",
          '--config.layer_skip.skip=(3,18)'],
         ['config.layer_skip.skip', '[18]', '18 layers']),
+    'tree with a cycle': (['--config={config}', '--config.tree=-1,2,1'],
+                          ["config.tree is '-1,2,1'", 'tree node 1 has parent 2']),
+    'unknown tree preset': (['--config={config}', '--config.tree=eagle-99'],
+                            ["config.tree is 'eagle-99'", 'unknown tree']),
+    'tree over the cache': (['--config={config}', '--config.tree=eagle-25',
+                             '--config.max_new_tokens=4075'],
+                            ['config.max_new_tokens is 4075', '26 verify slots']),
 }
 
 

@@ -42,8 +42,8 @@ class TableModel:
     return jnp.zeros((batch,), jnp.float32)  # the table needs no cache
 
   def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-              num_layers=None, hidden_layers=()):
-    del positions_BxT, num_layers
+              num_layers=None, hidden_layers=(), tree_mask=None):
+    del positions_BxT, num_layers, tree_mask  # a bigram model: context and tree shape play no part
     logits_BxTxV = jnp.asarray(params, jnp.float32)[tokens_BxT]
     # The "hidden state" of a bigram model is its current token, as a float.
     hidden_BxTxD = tokens_BxT[..., None].astype(jnp.float32)
@@ -249,3 +249,59 @@ def small_draft_gemma() -> tuple[LanguageModel, Any]:
   assert config.vocab_size == tiny_gemma()[0].config.vocab_size
   _check_varied(model, params, 'small_draft_gemma')
   return model, params
+
+
+# ---------------------------------------------------------- toy tree drafters
+
+
+def _chain_only(**kwargs):
+  raise NotImplementedError('a tree drafter: use it with a tree')
+
+
+def ranked_table_tree_drafter(q_table, *, duplicate: bool = False) -> base.Drafter:
+  """Fills a token tree from a bigram table: a node's r-th child is the table's r-th
+  most likely token after the node's own token (distinct siblings, deterministic:
+  q one-hot, returned None), a Medusa-style top-k tree. `duplicate=True` gives
+  every child the most likely token: identical siblings, which the rule must handle."""
+
+  def propose_tree(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, tree,
+                   shared=None):
+    del keys_B, sampling, shared
+    order_VxV = jnp.argsort(-jnp.asarray(params, jnp.float32), axis=1)
+    last_B = tokens_BxS[jnp.arange(tokens_BxS.shape[0]), lengths_B - 1]
+    tokens = []
+    for p, rank in zip(tree.parents, tree.child_rank_N):
+      parent_B = last_B if p < 0 else tokens[p]
+      tokens.append(order_VxV[parent_B, 0 if duplicate else int(rank)])
+    tokens_BxN = jnp.stack(tokens, axis=1).astype(jnp.int32)
+    return base.TreeProposal(tokens_BxN, None, jnp.ones(tokens_BxN.shape, bool), state)
+
+  return base.Drafter(name='ranked_table_tree' + ('_dup' if duplicate else ''),
+                      vocab_size=int(np.shape(q_table)[0]), init=base.no_state_init,
+                      update=base.no_state_update, propose=_chain_only,
+                      params=jnp.asarray(q_table, jnp.float32), propose_tree=propose_tree)
+
+
+def sampled_table_tree_drafter(q_table) -> base.Drafter:
+  """Fills a token tree with draws from a bigram table: a node's children are i.i.d.
+  draws from q(. | node's token), and q is reported (SpecInfer's setting)."""
+
+  def propose_tree(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, tree,
+                   shared=None):
+    del shared
+    table_VxV = jnp.asarray(params, jnp.float32)
+    last_B = tokens_BxS[jnp.arange(tokens_BxS.shape[0]), lengths_B - 1]
+    tokens, qs = [], []
+    for i, p in enumerate(tree.parents):
+      parent_B = last_B if p < 0 else tokens[p]
+      token_B, q_BxV = sampling_lib.draw(sampling_lib.step_keys(keys_B, i), table_VxV[parent_B],
+                                         sampling)
+      tokens.append(token_B)
+      qs.append(q_BxV)
+    tokens_BxN = jnp.stack(tokens, axis=1).astype(jnp.int32)
+    q_BxNxV = None if qs[0] is None else jnp.stack(qs, axis=1)
+    return base.TreeProposal(tokens_BxN, q_BxNxV, jnp.ones(tokens_BxN.shape, bool), state)
+
+  return base.Drafter(name='sampled_table_tree', vocab_size=int(np.shape(q_table)[0]),
+                      init=base.no_state_init, update=base.no_state_update, propose=_chain_only,
+                      params=jnp.asarray(q_table, jnp.float32), propose_tree=propose_tree)

@@ -30,6 +30,8 @@ class Loop:
   drafter, gamma, policy: the speculative loop's drafter, the most tokens it
     drafts per target call, and its `draft_length.Policy`; None / 0 for the
     autoregressive program.
+  tree: the speculative loop's static token tree (`decoding/tree.py`), or None
+    for chains of drafts; with a tree, gamma is its depth.
   """
 
   target: Any
@@ -40,6 +42,7 @@ class Loop:
   drafter: Any = None
   gamma: int = 0
   policy: Any = None
+  tree: Any = None
 
 
 def pack(model, prompts: Sequence[Sequence[int]] | batch_lib.PromptBatch, *,

@@ -18,6 +18,9 @@ row accepting gamma (no lockstep). KV entries the verify pass wrote past a
 row's new length are stale; causal masking hides them and the next call
 overwrites them. No host round-trip until every row is done.
 
+With a static token tree (`Loop.tree`, `tree.py`) steps 1-4 verify the whole
+tree in one call instead, and commit its accepted path (`tree_verify.py`).
+
 Counters, per row: `target_calls` counts the prefill and every verify or plain
 call; `drafted` counts the drafts verified and `accepted` those accepted, both
 only up to where the block was cut: drafts past an EOS or past the token
@@ -43,6 +46,8 @@ from specjax.decoding import batch as batch_lib
 from specjax.decoding import draft_length
 from specjax.decoding import prefill as prefill_lib
 from specjax.decoding import program as program_lib
+from specjax.decoding import tree_verify
+from specjax.decoding.tree import Tree
 from specjax.decoding.prefill import DecodeState
 from specjax.drafters.base import Drafter, TargetView
 from specjax.models.language_model import LanguageModel
@@ -163,29 +168,53 @@ def _call(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_ne
   return new, view, drafted_B, accepted_B, num_accepted_B, k_B
 
 
+def _tree_step(loop: program_lib.Loop, target_params, keys_B, max_new_B, state: SpecState,
+               propose_kwargs):
+  """Verify the whole tree, or take a plain step when no live row has a valid node."""
+  proposal = tree_verify.propose(loop.drafter, loop.tree, **propose_kwargs)
+  decode = state.decode
+  target_cache = proposal.shared_cache if loop.drafter.shares_target_cache else decode.cache
+  any_valid = jnp.any(jnp.any(proposal.valid_BxN, axis=1) & ~decode.done_B)
+
+  def tree_call(_):
+    return tree_verify.call(loop, loop.tree, target_params, keys_B, max_new_B, decode, proposal,
+                            target_cache, _ACCEPT_STREAM)
+
+  def plain_call(_):
+    k_B = jnp.zeros(decode.lengths_B.shape, jnp.int32)
+    return _call(loop, 0, target_params, keys_B, max_new_B, state, proposal.tokens_BxN, None,
+                 k_B, target_cache)
+
+  return proposal, jax.lax.cond(any_valid, tree_call, plain_call, None)
+
+
 def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B, max_new_B,
           state: SpecState) -> SpecState:
   drafter, policy, gamma = loop.drafter, loop.policy, loop.gamma
   decode = state.decode
   draft_keys = sampling_lib.step_keys(keys_B, decode.step + 1, _DRAFT_STREAM)
   shared = (target_params, decode.cache) if drafter.shares_target_cache else None
-  proposal = drafter.propose(params=drafter_params, state=state.drafter_state,
-                             tokens_BxS=decode.tokens_BxS, lengths_B=decode.lengths_B,
-                             keys_B=draft_keys, sampling=loop.sampling, gamma=gamma,
-                             shared=shared)
-  target_cache = proposal.shared_cache if drafter.shares_target_cache else decode.cache
   live_B = ~decode.done_B
-  evidence_B = jnp.clip(proposal.num_drafts_B, 0, gamma).astype(jnp.int32)
-  index, k_B = draft_length.choose(policy, costs_N, state.history, evidence_B, live_B)
-
-  branches = [functools.partial(_call, loop, n) for n in policy.buckets]
-  args = (target_params, keys_B, max_new_B, state, proposal.draft_BxG, proposal.q_BxGxV, k_B,
-          target_cache)
-  if len(branches) == 1:
-    new, view, drafted_B, accepted_B, num_accepted_B, k_B = branches[0](*args)
+  propose_kwargs = dict(params=drafter_params, state=state.drafter_state,
+                        tokens_BxS=decode.tokens_BxS, lengths_B=decode.lengths_B,
+                        keys_B=draft_keys, sampling=loop.sampling, shared=shared)
+  if loop.tree is not None:
+    proposal, (new, view, drafted_B, accepted_B, num_accepted_B, k_B) = _tree_step(
+        loop, target_params, keys_B, max_new_B, state, propose_kwargs)
   else:
-    new, view, drafted_B, accepted_B, num_accepted_B, k_B = jax.lax.switch(index, branches,
-                                                                           *args)
+    proposal = drafter.propose(gamma=gamma, **propose_kwargs)
+    target_cache = proposal.shared_cache if drafter.shares_target_cache else decode.cache
+    evidence_B = jnp.clip(proposal.num_drafts_B, 0, gamma).astype(jnp.int32)
+    index, k_B = draft_length.choose(policy, costs_N, state.history, evidence_B, live_B)
+
+    branches = [functools.partial(_call, loop, n) for n in policy.buckets]
+    args = (target_params, keys_B, max_new_B, state, proposal.draft_BxG, proposal.q_BxGxV, k_B,
+            target_cache)
+    if len(branches) == 1:
+      new, view, drafted_B, accepted_B, num_accepted_B, k_B = branches[0](*args)
+    else:
+      new, view, drafted_B, accepted_B, num_accepted_B, k_B = jax.lax.switch(index, branches,
+                                                                             *args)
   drafter_state = drafter.update(params=drafter_params, state=proposal.state, target=view)
 
   live_i = live_B.astype(jnp.int32)
@@ -259,25 +288,38 @@ def generate(target: LanguageModel, target_params, drafter: Drafter,
              sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
              eos_ids: Sequence[int] = (), seed: int = 0, row_ids: Sequence[int] | None = None,
              max_cache_len: int | None = None,
-             policy: draft_length.Policy | None = None) -> SpeculativeGeneration:
+             policy: draft_length.Policy | None = None,
+             tree: Tree | None = None) -> SpeculativeGeneration:
   """Speculative generation for a batch of token-id prompts of any lengths.
 
   The output is distributed exactly as `autoregressive.generate`'s (identical
   for greedy decoding); rows use the same rng streams (`row_ids`) as there for
   the first token, and their own streams for drafting and acceptance.
-  `policy` None is the adaptive default (`make_policy`).
+  `policy` None is the adaptive default (`make_policy`). With a `tree`
+  (`decoding/tree.py`) every step verifies that static token tree
+  (`tree_verify.py`): gamma must be the tree's depth, and `policy` is unused.
   """
   gamma = check_gamma(gamma)
   check_drafter(drafter, target)
+  if tree is not None:
+    if not isinstance(tree, Tree):
+      raise TypeError(f'tree must be a decoding.tree.Tree, got {tree!r}')
+    tree_verify.check_drafter(drafter, tree)
+    if gamma != tree.max_depth:
+      raise ValueError(f'gamma={gamma} but the tree {tree} is {tree.max_depth} deep: with a tree, '
+                       'gamma is its depth')
+  extra_slots = gamma + 1 if tree is None else tree.num_nodes + 1
   packed = program_lib.pack(target, prompts, max_new_tokens=max_new_tokens,
-                            extra_slots=gamma + 1, row_ids=row_ids, max_cache_len=max_cache_len)
+                            extra_slots=extra_slots, row_ids=row_ids, max_cache_len=max_cache_len)
+  if tree is not None:
+    policy = draft_length.fixed(gamma)  # unused: a tree call verifies the whole tree
   if policy is None:
     policy = make_policy(gamma, packed.tokens_BxS.shape[0])
   if policy.gamma != gamma:
     raise ValueError(f'the draft-length policy drafts up to {policy.gamma}, but gamma={gamma}')
   loop = program_lib.Loop(target=target, sampling=sampling, eos_ids=tuple(int(e) for e in eos_ids),
                           max_new_tokens=max_new_tokens, prefill_len=packed.prefill_len,
-                          drafter=drafter, gamma=gamma, policy=policy)
+                          drafter=drafter, gamma=gamma, policy=policy, tree=tree)
   out, wall_s = program_lib.run(program, loop, target_params, drafter.params, packed, seed=seed,
                                 data=np.asarray(policy.costs, np.float32))
   active = packed.active_B

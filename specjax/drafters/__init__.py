@@ -16,7 +16,7 @@ from specjax.drafters import early_exit as early_exit_lib
 from specjax.drafters import layer_skip as layer_skip_lib
 from specjax.drafters import medusa as medusa_lib
 from specjax.drafters import ngram as ngram_lib
-from specjax.drafters.base import Drafter, Proposal, TargetView, settings_from
+from specjax.drafters.base import Drafter, Proposal, TargetView, TreeProposal, settings_from
 from specjax.models.language_model import LanguageModel
 
 SETTINGS = {
@@ -27,6 +27,9 @@ SETTINGS = {
     'medusa': medusa_lib.Settings,
 }
 DRAFTER_NAMES = tuple(SETTINGS)
+# Drafters that fill branching token trees (`Drafter.propose_tree`); the others
+# verify chain-shaped trees only.
+TREE_DRAFTERS = ('ngram',)
 
 
 def settings_for(name: str, values: Mapping[str, Any] | None = None):
@@ -76,5 +79,6 @@ def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
   raise ValueError(f'unknown drafter {name!r}; known drafters: {", ".join(DRAFTER_NAMES)}')
 
 
-__all__ = ['DRAFTER_NAMES', 'Drafter', 'Proposal', 'SETTINGS', 'TargetView', 'make_drafter',
+__all__ = ['DRAFTER_NAMES', 'Drafter', 'Proposal', 'SETTINGS', 'TREE_DRAFTERS', 'TargetView',
+           'TreeProposal', 'make_drafter',
            'settings_for']

@@ -16,6 +16,14 @@
       (params, cache) for a drafter that declares `shares_target_cache`; it
       returns the cache it wrote in `Proposal.shared_cache`.
 
+  propose_tree(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, tree,
+               shared=None) -> TreeProposal            (optional)
+      Fills a static token tree (`decoding/tree.py`): a token per node, q,
+      and which nodes the row has evidence for. Siblings must be distinct
+      deterministic tokens (q None) or i.i.d. draws from the q reported for
+      them (the rule in `decoding/tree_acceptance.py`). A drafter without it
+      verifies chain-shaped trees only, through `propose`.
+
 All functions run inside the one compiled decoding loop, so shapes are fixed
 and every count is data. Hidden states a drafter reads come from the
 target's forward pass (`hidden_layers` names the layers it wants beside the
@@ -75,6 +83,21 @@ class Proposal:
   shared_cache: Any = None
 
 
+@flax.struct.dataclass
+class TreeProposal:
+  """A token per tree node (N nodes, parents before children), q, and evidence.
+
+  valid_BxN: the nodes the row asks to verify; an invalid node is never
+    accepted. A valid node's parent must be valid (or the root).
+  """
+
+  tokens_BxN: Array
+  q_BxNxV: Array | None
+  valid_BxN: Array
+  state: Any
+  shared_cache: Any = None
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Drafter:
   name: str
@@ -85,6 +108,7 @@ class Drafter:
   params: Any = None          # the drafter's own weights (None for n-gram / early exit)
   hidden_layers: tuple[int, ...] = ()  # target layers whose hidden states it reads
   shares_target_cache: bool = False
+  propose_tree: Callable[..., TreeProposal] | None = None  # None: chain-shaped trees only
 
 
 def no_state_init(*, params, target: TargetView):

@@ -18,6 +18,7 @@ from typing import Any
 
 from specjax import drafters
 from specjax.checkpoints import embedded
+from specjax.decoding import tree as tree_lib
 from specjax.sampling import SamplingConfig
 
 DRAFTERS = drafters.DRAFTER_NAMES
@@ -63,6 +64,7 @@ class ExperimentConfig:
   drafters: tuple[str, ...]
   gamma: int
   draft_length: dict
+  tree: str                     # '' = chains of gamma drafts; else a token tree (decoding/tree.py)
   ngram: dict
   draft_model: dict
   early_exit: dict
@@ -104,6 +106,7 @@ class ExperimentConfig:
       except ValueError as e:
         raise ConfigError(str(e)) from None
     self._check_draft_length()
+    self._check_tree()
     try:
       self.sampling
     except ValueError as e:
@@ -166,6 +169,29 @@ class ExperimentConfig:
     _check(not costs or len(costs) == len(buckets), 'draft_length.costs',
            'must be empty (measured) or one cost per bucket (set the buckets too)')
 
+  def _check_tree(self):
+    if not self.tree:
+      return
+    try:
+      tree = self.token_tree
+    except tree_lib.TreeError as e:
+      raise ConfigError(f'config.tree is {self.tree!r}: {e}') from None
+    chain_only = [d for d in self.drafters if d not in drafters.TREE_DRAFTERS]
+    _check(tree.is_chain or not chain_only, 'tree',
+           f'is {self.tree!r}, a branching tree, but drafter(s) {", ".join(chain_only)} draft '
+           f'chains only: give them a chain-<G> tree, or use {", ".join(drafters.TREE_DRAFTERS)}')
+
+  @property
+  def token_tree(self) -> tree_lib.Tree | None:
+    """The static token tree every speculative step verifies, or None for chains."""
+    return tree_lib.parse(self.tree) if self.tree else None
+
+  @property
+  def loop_gamma(self) -> int:
+    """The drafts per call along a path: gamma, or with a tree its depth (gamma unused)."""
+    tree = self.token_tree
+    return self.gamma if tree is None else tree.max_depth
+
   def drafter_settings(self, name: str):
     return drafters.settings_for(name, getattr(self, name))
 
@@ -187,6 +213,8 @@ class ExperimentConfig:
     path stand for a new one.
     """
     keys = SHARED_KEYS + ((method,) + _LOOP_KEYS if method in DRAFTERS else ())
+    if self.tree and method in DRAFTERS:   # only when set: rows made before the key still match
+      keys += ('tree',)
     values = {k: getattr(self, k) for k in keys}
     values.update({f'{k}_sha256': v for k, v in (checkpoints or {}).items() if k in keys})
     return _hash(values)

@@ -78,14 +78,17 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
   policy_for = functools.cache(functools.partial(_policy, model, params, config))
 
   def run(packed):
+    tree = config.token_tree
     out = speculative.generate(
-        model, params, drafter, packed, gamma=config.gamma,
+        model, params, drafter, packed, gamma=config.loop_gamma,
         max_new_tokens=config.max_new_tokens, sampling=config.sampling, eos_ids=eos_ids,
-        seed=config.seed, policy=policy_for(packed.tokens_BxS.shape))
-    stats = [dict(gamma=config.gamma, target_calls=out.target_calls[i],
+        seed=config.seed, tree=tree,
+        policy=None if tree is not None else policy_for(packed.tokens_BxS.shape))
+    stats = [dict(gamma=config.loop_gamma, target_calls=out.target_calls[i],
                   plain_calls=out.plain_calls[i], drafted_tokens=out.drafted_tokens[i],
                   accepted_tokens=out.accepted_tokens[i],
-                  acceptance_by_position=out.accepted_at_position[i])
+                  acceptance_by_position=out.accepted_at_position[i],
+                  **({'tree': str(tree)} if tree is not None else {}))
              for i in range(len(out.new_tokens))]
     return BatchResult(out.new_tokens, out.wall_s, stats)
   return Runner(run, _packer(model, config, preflight.verify_slots(config, name)))

@@ -30,9 +30,13 @@ from specjax.models import config as model_configs
 
 def verify_slots(config: ExperimentConfig, method: str) -> int:
   """Cache slots a step may write past the last committed token: gamma + 1 for a
-  speculative verify step, 1 for a decode step (whose entry is written twice).
-  The one place that knows this; `methods.py` packs batches with it too."""
-  return 1 if method == BASELINE else config.gamma + 1
+  speculative verify step (a token tree's nodes + 1 with `config.tree`), 1 for a
+  decode step (whose entry is written twice). The one place that knows this;
+  `methods.py` packs batches with it too."""
+  if method == BASELINE:
+    return 1
+  tree = config.token_tree
+  return config.gamma + 1 if tree is None else tree.num_nodes + 1
 
 
 def slots_needed(config: ExperimentConfig, prompt_tokens: int) -> tuple[int, int]:

@@ -41,6 +41,8 @@ def _figures(by_method, methods) -> dict[str, dict[str, Any]]:
       drafted = sum(r['drafted_tokens'] for r in rows)
       calls = sum(r['target_calls'] for r in rows)
       verify_calls = drafted // rows[0]['gamma']
+      if rows[0].get('tree'):   # a tree call verifies many nodes per depth: count the calls
+        verify_calls = sum(r['target_calls'] - r['plain_calls'] - 1 for r in rows)
       at_position = [sum(col) for col in zip(*(r['acceptance_by_position'] for r in rows))]
       fig.update(
           gamma=rows[0]['gamma'],

@@ -127,6 +127,30 @@ def attention_mask(positions_BxT: Array, slot_positions_BxS: Array, window: int 
   return mask_BxTxS
 
 
+def tree_attention_mask(positions_BxT: Array, slots_BxS: Array, start_B: Array,
+                        tree_mask_BxTxT: Array, window: int | None) -> Array:
+  """The mask of a token-tree verify call: T new tokens at consecutive slots from
+  start_B, at positions by depth (not by slot).
+
+  Committed slots (< start) are seen causally (and within the window) as in
+  `attention_mask`; new slot start + u is seen by new token t iff
+  tree_mask[t, u] (u is an ancestor of t, or t itself) and, on a local layer,
+  u's position is within t's window. Slots past the T new ones are stale.
+  """
+  t = positions_BxT.shape[1]
+  rel_BxS = slots_BxS - start_B[:, None]
+  new_BxS = (rel_BxS >= 0) & (rel_BxS < t)
+  u_BxS = jnp.clip(rel_BxS, 0, t - 1)
+  tree_BxTxS = jnp.take_along_axis(tree_mask_BxTxT, jnp.broadcast_to(
+      u_BxS[:, None, :], (u_BxS.shape[0], t, u_BxS.shape[1])), axis=2)
+  key_pos_BxS = jnp.take_along_axis(positions_BxT, u_BxS, axis=1)
+  q_BxTx1 = positions_BxT[:, :, None]
+  if window is not None:
+    tree_BxTxS &= key_pos_BxS[:, None, :] > q_BxTx1 - window
+  committed_BxTxS = attention_mask(positions_BxT, slots_BxS, window) & (rel_BxS < 0)[:, None, :]
+  return jnp.where(new_BxS[:, None, :], tree_BxTxS, committed_BxTxS)
+
+
 def window_slots(num_slots: int, window: int, num_new: int) -> int | None:
   """How many cache slots a local layer reads, or None to read them all.
 
@@ -161,7 +185,8 @@ class Attention(nn.Module):
   model_shards: int = 1
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, positions_BxT: Array, layer_cache: dict[str, Array]):
+  def __call__(self, x_BxTxD: Array, positions_BxT: Array, layer_cache: dict[str, Array],
+               tree_mask_BxTxT: Array | None = None):
     cfg = self.config
     init = nn.initializers.normal(0.2)
     num_q = cfg.num_heads // self.model_shards
@@ -214,7 +239,10 @@ class Attention(nn.Module):
                         preferred_element_type=jnp.float32)
     if cfg.attn_logit_softcap is not None:
       logits = jnp.tanh(logits / cfg.attn_logit_softcap) * cfg.attn_logit_softcap
-    mask_BxTxS = attention_mask(positions_BxT, slots_BxS, window)
+    if tree_mask_BxTxT is None:
+      mask_BxTxS = attention_mask(positions_BxT, slots_BxS, window)
+    else:
+      mask_BxTxS = tree_attention_mask(positions_BxT, slots_BxS, start_B, tree_mask_BxTxT, window)
     logits = jnp.where(mask_BxTxS[:, None, None], logits, _NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(v_BxSxKxH.dtype)
     out_BxTxNH = jnp.einsum('bkgts,bskh->btkgh', probs, v_BxSxKxH).reshape(b, t, num_q * h_dim)
@@ -251,12 +279,13 @@ class Block(nn.Module):
   model_shards: int = 1
 
   @nn.compact
-  def __call__(self, x: Array, positions_BxT: Array, layer_cache: dict[str, Array]):
+  def __call__(self, x: Array, positions_BxT: Array, layer_cache: dict[str, Array],
+               tree_mask_BxTxT: Array | None = None):
     eps = self.config.rms_norm_eps
     h = RMSNorm(eps, name='pre_attention_norm')(x)
     h, layer_cache = Attention(self.config, self.kind, self.model_axis, self.model_shards,
                                name='attn')(
-        h, positions_BxT, layer_cache)
+        h, positions_BxT, layer_cache, tree_mask_BxTxT)
     x = x + RMSNorm(eps, name='post_attention_norm')(h)
     h = RMSNorm(eps, name='pre_ffw_norm')(x)
     h = MLP(self.config, self.model_axis, self.model_shards, name='mlp')(h)
@@ -267,10 +296,14 @@ class Transformer(nn.Module):
   """Gemma decoder over an explicit KV cache.
 
   __call__(tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-  num_layers=None, hidden_layers=(), skip_layers=(), logits=True) returns a
-  `ForwardOutput`.
-  `positions_BxT` must be consecutive in each row (T new tokens starting at
-  the row's own offset). `logit_indices_BxR` picks which of the T outputs get
+  num_layers=None, hidden_layers=(), skip_layers=(), logits=True, tree_mask=None)
+  returns a `ForwardOutput`. The T new tokens are written at consecutive slots
+  from positions_BxT[:, 0]. Without `tree_mask`, `positions_BxT` must be
+  consecutive in each row (T new tokens starting at the row's own offset). With
+  `tree_mask` ([T, T] or [B, T, T] bool, ancestor-or-self, see
+  `decoding/tree.py`) the T tokens are a token tree: positions are the root's
+  plus each node's depth, and token t sees the committed context and the new
+  tokens tree_mask[t] names. `logit_indices_BxR` picks which of the T outputs get
   the (costly, V-wide) head; None means all. `num_layers` runs only the first
   layers, then the final norm and head: the early-exit drafter. `skip_layers`
   (static) makes those layers the identity: they neither read nor write their
@@ -286,8 +319,12 @@ class Transformer(nn.Module):
   def __call__(self, tokens_BxT: Array, positions_BxT: Array, cache: Cache,
                logit_indices_BxR: Array | None = None, num_layers: int | None = None,
                hidden_layers: tuple[int, ...] = (), skip_layers: tuple[int, ...] = (),
-               logits: bool = True) -> ForwardOutput:
+               logits: bool = True, tree_mask: Array | None = None) -> ForwardOutput:
     cfg = self.config
+    tree_mask_BxTxT = None
+    if tree_mask is not None:
+      tree_mask_BxTxT = jnp.broadcast_to(tree_mask.astype(bool), tokens_BxT.shape[:1] + (
+          tokens_BxT.shape[1],) * 2)
     embedding_VxD = self.param('embedding_VxD', nn.initializers.normal(cfg.embed_dim ** -0.5),
                                (cfg.vocab_size // self.model_shards, cfg.embed_dim))
     x_BxTxD = embed(embedding_VxD, tokens_BxT, self.model_axis)
@@ -301,7 +338,7 @@ class Transformer(nn.Module):
         continue   # the identity: its cache entry is left as it was
       x_BxTxD, new_cache[i] = Block(cfg, cfg.attention_kind(i), self.model_axis,
                                     self.model_shards, name=f'layer_{i}')(
-                                        x_BxTxD, positions_BxT, cache[i])
+                                        x_BxTxD, positions_BxT, cache[i], tree_mask_BxTxT)
       if i in hidden_layers:
         layer_hidden.append(x_BxTxD)
     if depth < cfg.num_layers and self.is_initializing():

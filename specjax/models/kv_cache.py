@@ -55,3 +55,22 @@ def write(layer_cache: dict[str, jax.Array], k_BxTxKxH: jax.Array, v_BxTxKxH: ja
   write_rows = jax.vmap(row)
   return {'k': write_rows(layer_cache['k'], k_BxTxKxH, start_B),
           'v': write_rows(layer_cache['v'], v_BxTxKxH, start_B)}
+
+
+def compact(cache: Cache, start_B: jax.Array, source_BxN: jax.Array) -> Cache:
+  """Moves entries down after a token tree's verify call: slot start + k gets
+  the entry of slot start + source[:, k], for k < N, in every layer.
+
+  The accepted path's nodes sit at increasing slots, so source[k] >= k; rows
+  pass source[k] = k where nothing moves. It is a gather of the N slots, then
+  one write: no entry is read after it was overwritten. Leaves that are not
+  [B, S, K, H] buffers (a toy model's stand-in cache) pass through.
+  """
+  def move(buf):
+    if buf.ndim != 4:
+      return buf
+    def row(buf_SxKxH, start, source_N):
+      moved_NxKxH = jnp.take(buf_SxKxH, start + source_N, axis=0, mode='clip')
+      return jax.lax.dynamic_update_slice(buf_SxKxH, moved_NxKxH, (start, 0, 0))
+    return jax.vmap(row)(buf, start_B, source_BxN)
+  return jax.tree.map(move, cache)

@@ -24,9 +24,10 @@ Array = jax.Array
 @dataclasses.dataclass(frozen=True, eq=False)
 class LanguageModel:
   """`forward(params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-  num_layers=None, hidden_layers=(), skip_layers=(), logits=True) ->
-  gemma.ForwardOutput` (float32 logits, the new cache, hidden states).
-  `skip_layers` run as the identity; `logits=False` skips the head."""
+  num_layers=None, hidden_layers=(), skip_layers=(), logits=True, tree_mask=None)
+  -> gemma.ForwardOutput` (float32 logits, the new cache, hidden states).
+  `skip_layers` run as the identity; `logits=False` skips the head; `tree_mask`
+  ([T, T] or [B, T, T]) verifies a token tree (see `gemma.Transformer`)."""
 
   config: GemmaConfig
   mesh: Mesh | None = None
@@ -54,7 +55,7 @@ class LanguageModel:
   def forward(self, params, tokens_BxT: Array, positions_BxT: Array, cache,
               logit_indices_BxR: Array | None = None, num_layers: int | None = None,
               hidden_layers: tuple[int, ...] = (), skip_layers: tuple[int, ...] = (),
-              logits: bool = True) -> ForwardOutput:
+              logits: bool = True, tree_mask: Array | None = None) -> ForwardOutput:
     depth = self.config.num_layers if num_layers is None else num_layers
     bad = [i for i in hidden_layers if not 0 <= i < depth]
     if bad:
@@ -68,31 +69,34 @@ class LanguageModel:
     if self.mesh is None:
       return Transformer(self.config).apply(
           {'params': params}, tokens_BxT, positions_BxT, cache, logit_indices_BxR, num_layers,
-          hidden_layers, skip_layers, logits)
+          hidden_layers, skip_layers, logits, tree_mask)
     return self._sharded_forward(params, tokens_BxT, positions_BxT, cache,
                                  logit_indices_BxR, num_layers, hidden_layers, skip_layers,
-                                 logits)
+                                 logits, tree_mask)
 
   def _sharded_forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR,
-                       num_layers, hidden_layers, skip_layers=(), logits=True):
+                       num_layers, hidden_layers, skip_layers=(), logits=True, tree_mask=None):
     model_size = self.mesh.shape['model']
     p_specs = sharding.param_specs(params, self.config, model_size)
     c_specs = sharding.cache_specs(cache, self.config, model_size)
     rows = P('data')
     module = Transformer(self.config, model_axis='model', model_shards=model_size)
 
-    def local(params, tokens, positions, cache, indices):
+    def local(params, tokens, positions, cache, indices, tree_mask):
       return module.apply({'params': params}, tokens, positions, cache, indices, num_layers,
-                          hidden_layers, skip_layers, logits)
+                          hidden_layers, skip_layers, logits, tree_mask)
 
     # After each psum the hidden states are whole on every 'model' shard.
     out_specs = ForwardOutput(P('data', None, None) if logits else None, c_specs, P('data', None, None),
                               P(None, 'data', None, None) if hidden_layers else None)
+    # A [T, T] tree mask is the same for every row (replicated); [B, T, T] splits by rows.
+    mask_spec = None if tree_mask is None else (P() if tree_mask.ndim == 2 else rows)
     fn = jax.shard_map(
         local, mesh=self.mesh,
-        in_specs=(p_specs, rows, rows, c_specs, None if logit_indices_BxR is None else rows),
+        in_specs=(p_specs, rows, rows, c_specs, None if logit_indices_BxR is None else rows,
+                  mask_spec),
         out_specs=out_specs, check_vma=False)
-    return fn(params, tokens_BxT, positions_BxT, cache, logit_indices_BxR)
+    return fn(params, tokens_BxT, positions_BxT, cache, logit_indices_BxR, tree_mask)
 
 
 @functools.cache

@@ -19,6 +19,7 @@ import pytest
 from specjax import sampling as sampling_lib
 from specjax.decoding import draft_length
 from specjax.decoding import speculative
+from specjax.decoding import tree as tree_lib
 from specjax.drafters import base
 from specjax.drafters import medusa
 from specjax.models import gemma
@@ -45,7 +46,7 @@ def generate(target, params, drafter, prompts, gamma, **kwargs):
 
 # ------------------------------------------------------------ greedy parity
 
-HEADS = random_heads(4, TARGET.config.embed_dim, seed=0, scale=0.3)
+HEADS = random_heads(5, TARGET.config.embed_dim, seed=0, scale=0.3)
 SUBSET = np.arange(0, TARGET.config.vocab_size, 2, dtype=np.int32)  # every other token
 
 
@@ -175,3 +176,41 @@ def test_gamma_above_the_number_of_heads_is_an_error():
   drafter = medusa.make(TARGET, medusa.init_heads(2, TARGET.config.embed_dim))
   with pytest.raises(ValueError, match='medusa has 2 heads.*gamma is 3'):
     generate(TARGET, TARGET_PARAMS, drafter, [PROMPTS[0]], 3, max_new_tokens=4)
+
+
+# ------------------------------------------------------------------ trees
+
+@pytest.mark.parametrize('spec', ['medusa-16', '-1,-1,-1,0,0,1,3'])
+def test_greedy_medusa_trees_equal_greedy_autoregressive(spec):
+  tree = tree_lib.parse(spec)
+  drafter = medusa.make(TARGET, HEADS, vocab_ids_N=SUBSET)
+  out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=tree.max_depth,
+                             max_new_tokens=MAX_NEW, eos_ids=(eos_id(),), tree=tree)
+  assert out.new_tokens == greedy_reference()
+  chain = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=tree.max_depth,
+                               max_new_tokens=MAX_NEW, eos_ids=(eos_id(),),
+                               tree=tree_lib.chain(tree.max_depth))
+  assert chain.new_tokens == greedy_reference()
+  # The tree tries the heads' runners-up too: never fewer tokens accepted than the chain.
+  assert sum(out.accepted_tokens) >= sum(chain.accepted_tokens)
+
+
+def test_medusa_tree_sampling_is_exact():
+  tree = tree_lib.parse('-1,-1,-1,0,0,1,3')
+  drafter = medusa.make(TOY, TOY_HEADS)
+  cfg = acc.CONFIGS['t1']
+  out = speculative.generate(TOY, TOY_PARAMS, drafter, [acc.PROMPT] * acc.NUM_SAMPLES,
+                             gamma=tree.max_depth, max_new_tokens=acc.NUM_NEW, sampling=cfg,
+                             seed=9, tree=tree)
+  probs = acc.exact_sequence_probs(TOY_TABLE, acc.PROMPT[-1], cfg, acc.NUM_NEW)
+  counts = acc.sequence_counts(out.new_tokens, acc.NUM_NEW)
+  p_value, impossible = acc.chi_square(counts, probs)
+  assert impossible == 0 and p_value > acc.P_VALUE_OK, p_value
+  assert 0 < sum(out.accepted_tokens) < sum(out.drafted_tokens)
+
+
+def test_a_tree_deeper_than_the_heads_is_an_error():
+  drafter = medusa.make(TARGET, medusa.init_heads(2, TARGET.config.embed_dim))
+  with pytest.raises(ValueError, match='at most 2 deep; this tree is 3 deep'):
+    speculative.generate(TARGET, TARGET_PARAMS, drafter, [PROMPTS[0]], gamma=3,
+                         max_new_tokens=4, tree=tree_lib.parse('-1,0,1'))

@@ -103,8 +103,8 @@ class HiddenBigram:
     return jnp.zeros((batch,), jnp.float32)
 
   def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-              num_layers=None, hidden_layers=()):
-    del positions_BxT, num_layers, hidden_layers
+              num_layers=None, hidden_layers=(), tree_mask=None):
+    del positions_BxT, num_layers, hidden_layers, tree_mask  # a bigram: context plays no part
     hidden_BxTxD = params['hidden_VxD'][tokens_BxT]
     logits = jnp.einsum('btd,vd->btv', hidden_BxTxD, params['embedding_VxD'])
     if logit_indices_BxR is not None:

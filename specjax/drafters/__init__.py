@@ -29,7 +29,7 @@ SETTINGS = {
 DRAFTER_NAMES = tuple(SETTINGS)
 # Drafters that fill branching token trees (`Drafter.propose_tree`); the others
 # verify chain-shaped trees only.
-TREE_DRAFTERS = ('ngram',)
+TREE_DRAFTERS = ('ngram', 'medusa')
 
 
 def settings_for(name: str, values: Mapping[str, Any] | None = None):

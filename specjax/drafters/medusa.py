@@ -12,6 +12,10 @@ reduced draft vocabulary, `vocab_ids_N`), so a head adds D*D + D weights:
 four heads for Gemma 3 270M are 1.6M parameters (6.6 MB in float32). W = 0
 gives h_k = h: an untrained head repeats the target's next-token guess.
 
+Medusa's own shape is a token tree (`propose_tree`): a node at depth d that is
+its parent's r-th child takes head d-1's r-th most likely token, so one verify
+call tries the heads' top candidates in combination.
+
 The drafter reads the hidden state that produced the row's pending token: at
 init the last prompt position's, after a verify call the one at the row's
 accepted count (the corrected or bonus token came from it), after a plain
@@ -143,5 +147,34 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
     del lengths_B
     return base.Proposal(draft_BxG, q_BxGxV, num_drafts_B, state, shared_cache=target_cache)
 
+  def propose_tree(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, tree, shared=None):
+    """Medusa's tree: a node at depth d that is its parent's r-th child takes head d-1's
+    r-th most likely token. Siblings are distinct and chosen without looking at the
+    target, so q is one-hot (None) and the tree rule stays exact under sampling."""
+    del tokens_BxS, lengths_B, keys_B, sampling
+    if tree.max_depth > num_heads:
+      raise ValueError(f'medusa has {num_heads} heads, so its trees are at most {num_heads} '
+                       f'deep; this tree is {tree.max_depth} deep')
+    target_params, target_cache = shared
+    logits_BxKxN = head_logits(params['heads'], head_matrix(target_params, params['vocab_ids_N']),
+                               state['hidden_BxD'], cfg.final_logit_softcap)
+    width = int(tree.child_rank_N.max()) + 1
+    top_logits_BxKxW, top_BxKxW = jax.lax.top_k(logits_BxKxN, width)
+    head_N, rank_N = np.asarray(tree.depth_N) - 1, np.asarray(tree.child_rank_N)
+    index_BxN = top_BxKxW[:, head_N, rank_N]
+    ids_N = params['vocab_ids_N']
+    tokens_BxN = (index_BxN if ids_N is None else ids_N[index_BxN]).astype(jnp.int32)
+    # Evidence: the node's token is at least min_confidence likely under its head, and
+    # so is every ancestor's.
+    logz_BxK = jax.nn.logsumexp(logits_BxKxN, axis=-1)
+    prob_BxN = jnp.exp(top_logits_BxKxW[:, head_N, rank_N] - logz_BxK[:, head_N])
+    confident = []
+    for i, parent in enumerate(tree.parents):
+      ok_B = prob_BxN[:, i] >= settings.min_confidence
+      confident.append(ok_B if parent < 0 else ok_B & confident[parent])
+    return base.TreeProposal(tokens_BxN, None, jnp.stack(confident, axis=1), state,
+                             shared_cache=target_cache)
+
   return base.Drafter(name='medusa', vocab_size=cfg.vocab_size, init=init, update=update,
-                      propose=propose, params=params, shares_target_cache=True)
+                      propose=propose, params=params, shares_target_cache=True,
+                      propose_tree=propose_tree)

@@ -14,7 +14,7 @@ import ml_collections
 
 VARIANTS = {
     # A random tiny target: checks the whole recipe end to end in seconds.
-    'tiny': dict(target='tiny-random', batch_size=4, steps=12, warmup_steps=2,
+    'tiny': dict(target='tiny-random', draft_vocab='', batch_size=4, steps=12, warmup_steps=2,
                  checkpoint_every=4, eval_every=6, log_every=2,
                  data=dict(num_shards=3, sequences_per_shard=8, seq_len=24, start_tokens=4,
                            sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=(1,)),
@@ -27,7 +27,10 @@ def get_config(arg=None):
   c.target = 'embedded:gemma3-270m'   # the frozen target the heads draft for
   c.drafter = 'medusa'
   c.num_heads = 4                     # head k guesses the token k + 2 places ahead
-  c.draft_vocab = ''                  # '' = the full vocabulary; else a .npy of token ids
+  # The heads score a reduced draft vocabulary: 'embedded' = the ranked file shipped for the
+  # embedded 270M (specjax/drafters/data), '' = the full 262,144 tokens, else a .npz path.
+  c.draft_vocab = 'embedded'
+  c.draft_vocab_size = 16384          # its first N (most frequent) tokens
   # Self-distillation data: num_shards x sequences_per_shard sequences of seq_len tokens.
   c.data = dict(num_shards=34, sequences_per_shard=32, seq_len=128, start_tokens=8,
                 sampled_fraction=0.25, seed=0, bos_id=2, eos_ids=(1, 106))

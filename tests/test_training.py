@@ -21,6 +21,7 @@ import pytest
 
 from specjax.checkpoints import CheckpointError
 from specjax.checkpoints import drafter_io
+from specjax.drafters import draft_vocab
 from specjax.drafters import medusa
 from specjax.training import distill_data
 from specjax.training import medusa_objective as objective
@@ -39,7 +40,7 @@ def tiny_target(monkeypatch):
 
 
 def config(tmp_path, **overrides) -> trainer.TrainConfig:
-  values = dict(target='tiny', drafter='medusa', num_heads=3, draft_vocab='',
+  values = dict(target='tiny', drafter='medusa', num_heads=3, draft_vocab='', draft_vocab_size=1,
                 data=dict(num_shards=3, sequences_per_shard=8, seq_len=24, start_tokens=3,
                           sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=()),
                 heldout_shards=1, batch_size=4, steps=8, learning_rate=3e-3, warmup_steps=2,
@@ -190,6 +191,23 @@ def test_trained_heads_beat_untrained_ones_on_held_out_text(tmp_path, monkeypatc
                                objective.draft_index(None, vocab), tokens, lengths, 4)
   assert trained['heldout_mean_accepted_tokens'] > untrained['heldout_mean_accepted_tokens'] + 0.5
   assert trained['heldout_loss'] < untrained['heldout_loss']
+
+
+def test_heads_train_on_a_reduced_draft_vocabulary_and_ship_it(tmp_path):
+  ranked = np.random.default_rng(0).permutation(TARGET.config.vocab_size).astype(np.int32)
+  path = str(tmp_path / 'vocab.npz')
+  draft_vocab.save(draft_vocab.DraftVocab(ranked, TARGET.config.vocab_size, 'tok'), path)
+  cfg = config(tmp_path, draft_vocab=path, draft_vocab_size=40, steps=4, eval_every=4)
+  trainer.train(cfg)
+  _, ids, manifest = drafter_io.load_drafter(
+      os.path.join(cfg.output_dir, 'drafter'), 'medusa',
+      target=drafter_io.target_signature(TARGET.config, 'sha-tiny'))
+  assert ids.tolist() == ranked[:40].tolist()
+  assert manifest['train_config']['draft_vocab_size'] == 40
+  other = str(tmp_path / 'other.npz')
+  draft_vocab.save(draft_vocab.DraftVocab(np.arange(10, dtype=np.int32), 10, 'tok'), other)
+  with pytest.raises(ValueError, match="config.draft_vocab is .*other.npz.*10-token"):
+    trainer.train(config(tmp_path / 'b', draft_vocab=other, draft_vocab_size=5))
 
 
 # ------------------------------------------------------------------ bad input

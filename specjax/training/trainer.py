@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 
 from specjax import checkpoints
 from specjax.checkpoints import drafter_io
+from specjax.drafters import draft_vocab as draft_vocab_lib
 from specjax.drafters import medusa
 from specjax.experiments import tiny
 from specjax.experiments.config import TINY_RANDOM
@@ -52,6 +53,7 @@ class TrainConfig:
   drafter: str
   num_heads: int
   draft_vocab: str
+  draft_vocab_size: int
   data: dict
   heldout_shards: int
   batch_size: int
@@ -80,8 +82,8 @@ class TrainConfig:
   def __post_init__(self):
     if self.drafter != 'medusa':
       raise ValueError(f"config.drafter is {self.drafter!r}: the trainer knows 'medusa'")
-    for key in ('num_heads', 'batch_size', 'steps', 'checkpoint_every', 'keep', 'eval_every',
-                'log_every', 'heldout_shards'):
+    for key in ('num_heads', 'draft_vocab_size', 'batch_size', 'steps', 'checkpoint_every',
+                'keep', 'eval_every', 'log_every', 'heldout_shards'):
       if getattr(self, key) < 1:
         raise ValueError(f'config.{key} must be >= 1, got {getattr(self, key)}')
     if self.heldout_shards >= self.data.get('num_shards', 0):
@@ -122,15 +124,25 @@ def batch_indices(seed: int, step: int, batch: int, num_sequences: int) -> np.nd
   return out
 
 
-def _draft_vocab(cfg: TrainConfig, vocab: int):
+def _draft_vocab(cfg: TrainConfig, vocab: int) -> np.ndarray | None:
+  """The heads' draft vocabulary (`drafters.draft_vocab`): its first draft_vocab_size ids,
+  checked against the target's vocabulary and, for a GGUF target, its tokenizer."""
   if not cfg.draft_vocab:
     return None
-  ids = np.load(cfg.draft_vocab)
-  ids = ids['ids'] if hasattr(ids, 'files') else ids
-  ids = np.asarray(ids, np.int32)
-  if ids.ndim != 1 or ids.min() < 0 or ids.max() >= vocab:
-    raise ValueError(f'config.draft_vocab {cfg.draft_vocab!r}: not a list of token ids < {vocab}')
-  return ids
+  tokenizer = None
+  if cfg.target != TINY_RANDOM:
+    from specjax.experiments import loading  # pylint: disable=g-import-not-at-top
+    from specjax.checkpoints import embedded  # pylint: disable=g-import-not-at-top
+    source = (str(embedded.default_gguf_path()) if cfg.target.startswith('embedded:')
+              else cfg.target)
+    if source.endswith('.gguf'):
+      tokenizer = draft_vocab_lib.tokenizer_fingerprint(loading.load_tokenizer(source))
+  try:
+    chosen = draft_vocab_lib.resolve(cfg.draft_vocab, cfg.draft_vocab_size, vocab_size=vocab,
+                                     tokenizer=tokenizer)
+  except ValueError as e:
+    raise ValueError(f'config.draft_vocab is {cfg.draft_vocab!r}: {e}') from None
+  return np.asarray(chosen.ids_N, np.int32)
 
 
 @functools.partial(jax.jit, static_argnames=('target', 'tx', 'softcap'), donate_argnums=(0, 1))

@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 from specjax import sharding  # noqa: E402
 from specjax import sampling
 from specjax.decoding import autoregressive, speculative  # noqa: E402
+from specjax.decoding import tree as tree_lib  # noqa: E402
 from specjax.drafters import make_drafter  # noqa: E402
 from specjax.models import config as config_lib, gemma  # noqa: E402
 from specjax.models.language_model import LanguageModel  # noqa: E402
@@ -76,6 +77,13 @@ def main():
     a = speculative.generate(one, params, one_d, prompts, gamma=3, max_new_tokens=12)
     b = speculative.generate(many, sharded_params, many_d, prompts, gamma=3, max_new_tokens=12)
     results[name] = [a.new_tokens, b.new_tokens, ref.new_tokens]
+  # A token tree: the [T, T] tree mask is replicated into shard_map.
+  tree = tree_lib.parse('eagle-25')
+  a = speculative.generate(one, params, make_drafter('ngram', target=one), prompts,
+                           gamma=tree.max_depth, max_new_tokens=12, tree=tree)
+  b = speculative.generate(many, sharded_params, make_drafter('ngram', target=many), prompts,
+                           gamma=tree.max_depth, max_new_tokens=12, tree=tree)
+  results['ngram_tree'] = [a.new_tokens, b.new_tokens, ref.new_tokens]
   json.dump(results, sys.stdout)
 
 

@@ -42,7 +42,7 @@ def test_sharded_autoregressive_greedy_matches_one_device(sharded_results):
   assert one == many
 
 
-@pytest.mark.parametrize('drafter', ['ngram', 'early_exit', 'draft_model'])
+@pytest.mark.parametrize('drafter', ['ngram', 'early_exit', 'draft_model', 'ngram_tree'])
 def test_sharded_speculative_greedy_matches_one_device(sharded_results, drafter):
   one, many, autoregressive = sharded_results[drafter]
   assert many == one

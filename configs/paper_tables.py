@@ -18,7 +18,8 @@ one prompt per Spec-Bench task and works too). Each sweep, then its report:
   :chen        Chen et al. 2023, Table 1: ms/token of autoregressive and
                speculative sampling, greedy and nucleus (T = 1, top-p 0.8).
 
-`drafters=ngram` (or `ngram+early_exit`, ...) after the table narrows its drafters.
+`drafters=ngram` (or `ngram+early_exit`, ...) after the table narrows its drafters, and
+`gamma=4` the Leviathan table's gammas.
 
 A cell per (drafter, gamma, sampling); the baseline is shared by the cells of
 one sampling setting. Output: results/paper_tables-<table>-sweep.
@@ -68,10 +69,13 @@ def get_sweep(arg=None):
     if config[name].checkpoint and name not in drafters:
       drafters.append(name)
   cells = []
+  gammas = (2, 4)
+  if 'gamma' in gemma.parse_arg(_split(arg)[1], gemma.get_config()):
+    gammas = (config.gamma,)   # `:leviathan,gamma=4` runs one gamma
   if table == 'leviathan':
     for temperature in (0.0, 1.0):
       for name in drafters:
-        for gamma in (2, 4):
+        for gamma in gammas:
           cells.append(dict(drafters=(name,), gamma=gamma, temperature=temperature))
   elif table == 'spec_bench':
     cells = [dict(drafters=(name,), gamma=4) for name in drafters]

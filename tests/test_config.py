@@ -204,6 +204,7 @@ def test_paper_table_sweeps_are_valid_cells_of_their_base_config():
     assert len(cells) == count
   assert module.get_config('chen,max_new_tokens=16').max_new_tokens == 16  # the arg wins
   assert len(module.get_sweep('leviathan,drafters=ngram')) == 4
+  assert len(module.get_sweep('leviathan,drafters=ngram,gamma=4')) == 2
   with pytest.raises(ValueError, match='needs a table'):
     module.get_config('')
 

@@ -214,3 +214,15 @@ def test_a_tree_deeper_than_the_heads_is_an_error():
   with pytest.raises(ValueError, match='at most 2 deep; this tree is 3 deep'):
     speculative.generate(TARGET, TARGET_PARAMS, drafter, [PROMPTS[0]], gamma=3,
                          max_new_tokens=4, tree=tree_lib.parse('-1,0,1'))
+
+
+def test_a_head_gathered_once_drafts_what_the_per_step_gather_does():
+  per_step = medusa.make(TARGET, HEADS, vocab_ids_N=SUBSET)
+  once = medusa.make(TARGET, HEADS, vocab_ids_N=SUBSET, target_params=TARGET_PARAMS)
+  assert once.params['head_NxD'].shape == (len(SUBSET), TARGET.config.embed_dim)
+  a = generate(PADDED, TARGET_PARAMS, per_step, PROMPTS, 3, max_new_tokens=MAX_NEW,
+               eos_ids=(eos_id(),))
+  b = generate(PADDED, TARGET_PARAMS, once, PROMPTS, 3, max_new_tokens=MAX_NEW,
+               eos_ids=(eos_id(),))
+  assert a.new_tokens == b.new_tokens == greedy_reference()
+  assert a.accepted_tokens == b.accepted_tokens

@@ -75,7 +75,8 @@ def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
       raise ValueError("the 'medusa' drafter needs trained heads (config key medusa.checkpoint, "
                        'a directory `python -m specjax.train` wrote)')
     heads, vocab_ids = medusa_heads
-    return medusa_lib.make(target, heads, settings, vocab_ids_N=vocab_ids)
+    return medusa_lib.make(target, heads, settings, vocab_ids_N=vocab_ids,
+                           target_params=target_params)
   raise ValueError(f'unknown drafter {name!r}; known drafters: {", ".join(DRAFTER_NAMES)}')
 
 

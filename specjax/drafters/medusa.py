@@ -36,6 +36,7 @@ import numpy as np
 from specjax import sampling as sampling_lib
 from specjax.drafters import base
 from specjax.drafters import confidence
+from specjax.drafters import draft_vocab
 from specjax.models import gemma
 from specjax.models.language_model import LanguageModel
 
@@ -83,14 +84,8 @@ def head_logits(heads: dict[str, Array], head_NxD: Array, hidden_BxD: Array,
 
 def head_matrix(target_params, vocab_ids_N: Array | None) -> Array:
   embedding_VxD = target_params['embedding_VxD']
-  return embedding_VxD if vocab_ids_N is None else jnp.take(embedding_VxD, vocab_ids_N, axis=0)
-
-
-def to_full_vocab(q_BxN: Array, vocab_ids_N: Array | None, vocab: int) -> Array:
-  """A distribution over the draft vocabulary, scattered into the full one (zero elsewhere)."""
-  if vocab_ids_N is None:
-    return q_BxN
-  return jnp.zeros(q_BxN.shape[:-1] + (vocab,), q_BxN.dtype).at[..., vocab_ids_N].set(q_BxN)
+  return (embedding_VxD if vocab_ids_N is None
+          else draft_vocab.reduced_head(embedding_VxD, vocab_ids_N))
 
 
 def _hidden_at(hidden_BxTxD: Array, index_B: Array) -> Array:
@@ -99,8 +94,12 @@ def _hidden_at(hidden_BxTxD: Array, index_B: Array) -> Array:
 
 
 def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Settings(),
-         vocab_ids_N: np.ndarray | None = None) -> base.Drafter:
-  """The drafter for trained (or freshly initialised) `heads` on `target`."""
+         vocab_ids_N: np.ndarray | None = None, target_params=None) -> base.Drafter:
+  """The drafter for trained (or freshly initialised) `heads` on `target`.
+
+  With a draft vocabulary and `target_params`, its rows of the tied table are
+  gathered once here, not in every draft step.
+  """
   cfg = target.config
   num_heads, width, _ = np.shape(heads['w_KxDxD'])
   if width != cfg.embed_dim:
@@ -113,7 +112,14 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
       raise ValueError(f'medusa draft vocabulary must be ids in [0, {cfg.vocab_size}), '
                        f'got shape {ids.shape}')
   params = {'heads': jax.tree.map(jnp.asarray, heads),
-            'vocab_ids_N': None if ids is None else jnp.asarray(ids)}
+            'vocab_ids_N': None if ids is None else jnp.asarray(ids),
+            'head_NxD': None if ids is None or target_params is None
+                        else head_matrix(target_params, jnp.asarray(ids))}
+
+  def head(params, target_params):
+    if params['head_NxD'] is not None:
+      return params['head_NxD']
+    return head_matrix(target_params, params['vocab_ids_N'])
 
   def init(*, params, target: base.TargetView):
     del params
@@ -130,17 +136,22 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
       raise ValueError(f'medusa has {num_heads} heads, so it drafts at most {num_heads} tokens; '
                        f'gamma is {gamma}')
     target_params, target_cache = shared
-    logits_BxKxN = head_logits(params['heads'], head_matrix(target_params, params['vocab_ids_N']),
+    logits_BxKxN = head_logits(params['heads'], head(params, target_params),
                                state['hidden_BxD'], cfg.final_logit_softcap)
     drafts, qs, probs = [], [], []
+    ids_N = params['vocab_ids_N']
     for k in range(gamma):
-      index_B, q_BxN = sampling_lib.draw(sampling_lib.step_keys(keys_B, k), logits_BxKxN[:, k],
-                                         sampling)
+      keys = sampling_lib.step_keys(keys_B, k)
+      if ids_N is None:
+        token_B, q_BxV = sampling_lib.draw(keys, logits_BxKxN[:, k], sampling)
+        index_B = token_B
+      else:   # q over the subset, scattered into V (zero elsewhere)
+        token_B, index_B, q_BxV = draft_vocab.draw(keys, logits_BxKxN[:, k], ids_N,
+                                                   cfg.vocab_size, sampling)
       probs.append(confidence.draft_probability(logits_BxKxN[:, k], index_B))
-      ids_N = params['vocab_ids_N']
-      drafts.append(index_B if ids_N is None else ids_N[index_B])
-      if q_BxN is not None:
-        qs.append(to_full_vocab(q_BxN, ids_N, cfg.vocab_size))
+      drafts.append(token_B)
+      if q_BxV is not None:
+        qs.append(q_BxV)
     draft_BxG = jnp.stack(drafts, axis=1).astype(jnp.int32)
     q_BxGxV = jnp.stack(qs, axis=1) if qs else None
     num_drafts_B = confidence.confident_prefix(jnp.stack(probs, axis=1), settings.min_confidence)
@@ -156,7 +167,7 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
       raise ValueError(f'medusa has {num_heads} heads, so its trees are at most {num_heads} '
                        f'deep; this tree is {tree.max_depth} deep')
     target_params, target_cache = shared
-    logits_BxKxN = head_logits(params['heads'], head_matrix(target_params, params['vocab_ids_N']),
+    logits_BxKxN = head_logits(params['heads'], head(params, target_params),
                                state['hidden_BxD'], cfg.final_logit_softcap)
     width = int(tree.child_rank_N.max()) + 1
     top_logits_BxKxW, top_BxKxW = jax.lax.top_k(logits_BxKxN, width)

@@ -16,6 +16,7 @@ import importlib.util
 import logging as std_logging
 import os
 import re
+import signal
 import sys
 
 from absl import app
@@ -46,6 +47,10 @@ def main(argv):
   for name in ('jax._src.xla_bridge', 'jax._src.compilation_cache'):
     std_logging.getLogger(name).setLevel(std_logging.WARNING)
   compile_cache.enable()
+  # Ctrl-C ends the run here, not as a KeyboardInterrupt: Python raises that in
+  # whatever runs next, and when that is a garbage-collection callback (JAX
+  # registers one) it is printed and dropped, and the run goes on.
+  signal.signal(signal.SIGINT, lambda signum, frame: _interrupted())
   try:
     _run()
   except KeyboardInterrupt:

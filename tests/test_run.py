@@ -163,9 +163,13 @@ def test_a_second_run_is_refused_and_ctrl_c_in_a_compile_keeps_every_row(tmp_pat
   after the baseline rows: A exits 130, says how to resume, and every row is whole."""
   args = [f'--config={CONFIG}', *tiny_flags(write_prompts(tmp_path / 'p.jsonl', 6), 16),
           '--config.output_dir=out']
+  # A cache of A's own: with the module's cache, an earlier test's compiled ngram
+  # program is read back in milliseconds and A can finish before SIGINT arrives.
+  cache_a = tmp_path / 'cache-a'
+  shutil.copytree(cache_dir / 'tokenizers', cache_a / 'tokenizers')
   log = (tmp_path / 'a.log').open('w+')
   a = subprocess.Popen([sys.executable, '-m', 'specjax.run', *args], cwd=tmp_path,
-                       env=env(cache_dir), stdout=subprocess.DEVNULL, stderr=log)
+                       env=env(cache_a), stdout=subprocess.DEVNULL, stderr=log)
   try:
     wait_for(lambda: 'Loading tiny-random' in (tmp_path / 'a.log').read_text(), a, 'A to load')
     b, _ = specjax_run(args, tmp_path, cache_dir)

@@ -10,9 +10,10 @@ one prompt per Spec-Bench task and works too). Each sweep, then its report:
       --config.prompts=/path/to/spec_bench/question.jsonl
   python -m specjax.report results/paper_tables-leviathan-sweep --cost_ratio=ngram=0
 
-  :leviathan   Leviathan et al. 2023, Table 2: every training-free drafter at
-               gamma 2 and 4, temperature 0 and 1 (pass the drafters' measured
-               c with --cost_ratio to get the predicted column).
+  :leviathan   Leviathan et al. 2023, Table 2: every training-free drafter
+               (ngram, early_exit, layer_skip) at gamma 2 and 4, temperature 0
+               and 1 (pass the drafters' measured c with --cost_ratio to get
+               the predicted column).
   :spec_bench  The Spec-Bench leaderboard: every drafter, greedy, gamma 4, the
                adaptive draft length specjax runs by default.
   :chen        Chen et al. 2023, Table 1: ms/token of autoregressive and
@@ -36,7 +37,7 @@ _spec.loader.exec_module(gemma)
 TABLES = ('leviathan', 'spec_bench', 'chen')
 # The default drafters: those that need nothing but the target. draft_model and
 # medusa need a checkpoint: `:table,medusa.checkpoint=...` adds one to every table.
-TRAINING_FREE = ('ngram', 'early_exit')
+TRAINING_FREE = ('ngram', 'early_exit', 'layer_skip')
 NUCLEUS = dict(temperature=1.0, top_p=0.8)
 
 

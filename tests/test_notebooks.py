@@ -6,6 +6,7 @@ is already importable and install nothing. A cell that raises fails the test
 with the cell's error.
 """
 
+import json
 import os
 import pathlib
 
@@ -13,8 +14,11 @@ import nbformat
 from nbclient import NotebookClient
 import pytest
 
+from specjax.experiments.tiny import ByteTokenizer
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / 'colab').glob('*.ipynb'))
+PNG = b'\x89PNG\r\n\x1a\n'
 
 
 def outputs(nb) -> str:
@@ -28,10 +32,11 @@ def outputs(nb) -> str:
 
 
 def test_there_are_notebooks_and_they_share_their_setup_cell():
-  assert [p.name for p in NOTEBOOKS] == ['specjax_paper_tables.ipynb', 'specjax_quickstart.ipynb']
+  assert [p.name for p in NOTEBOOKS] == ['specjax_paper_tables.ipynb', 'specjax_quickstart.ipynb',
+                                         'specjax_train_drafter.ipynb']
   first = [next(c for c in nbformat.read(p, as_version=4).cells if c.cell_type == 'code').source
            for p in NOTEBOOKS]
-  assert first[0] == first[1]
+  assert first[1:] == first[:-1]
   assert "os.environ.get('SPECJAX_SMALL')" in first[0]
   assert 'OWNER' not in first[0]  # no placeholder to edit
 
@@ -51,7 +56,21 @@ def test_notebook_runs_small_on_cpu(path, tmp_path, monkeypatch):
   assert 'specjax is importable already: nothing to install.' in text
   assert 'Installing specjax' not in text
   assert f'specjax checkout: {ROOT};' in text
+  if 'train_drafter' in path.name:
+    check_trained_and_served(tmp_path, text)
+    return
   report = tmp_path / ('colab_sweep' if 'quickstart' in path.name else 'paper_tables') / 'report'
   assert (report / 'report.md').is_file()
-  assert (report / 'speedup_vs_gamma.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  assert (report / 'speedup_vs_gamma.png').read_bytes()[:8] == PNG
   assert '| ngram | 4 | 0 | 1 | 2 |' in (report / 'report.md').read_text()
+
+
+def check_trained_and_served(out: pathlib.Path, text: str):
+  """The tiny recipe trained heads (a manifest, a curve) that the run then served exactly."""
+  manifest = json.loads((out / 'train_medusa-tiny' / 'drafter' / 'drafter.json').read_text())
+  assert manifest['target']['vocab_size'] == ByteTokenizer.vocab_size  # the tiny target's
+  assert (out / 'train_medusa-tiny' / 'curve.png').read_bytes()[:8] == PNG
+  assert 'held-out mean accepted tokens' in text
+  rows = [json.loads(line) for line in open(out / 'serve_medusa-tiny' / 'results.jsonl')]
+  medusa = [r for r in rows if r['method'] == 'medusa']
+  assert len(medusa) == 2 and all(r['identical_to_baseline'] for r in medusa)

@@ -50,14 +50,41 @@ def probabilities(logits_xV: Array, sampling: SamplingConfig) -> Array:
     kth_largest = jax.lax.top_k(logits, sampling.top_k)[0][..., -1:]
     logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
   if sampling.top_p < 1.0:
-    # Keep the smallest set of most likely tokens whose mass reaches top_p.
-    sorted_desc = -jnp.sort(-logits, axis=-1)
-    sorted_probs = jax.nn.softmax(sorted_desc, axis=-1)
-    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    kept = mass_before < sampling.top_p
-    cutoff = jnp.min(jnp.where(kept, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-    logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    logits = jnp.where(nucleus(logits, sampling.top_p), logits, -jnp.inf)
   return jax.nn.softmax(logits, axis=-1)
+
+
+def nucleus(logits_xV: Array, top_p: float) -> Array:
+  """The tokens top-p sampling keeps: the smallest set of the most likely whose
+  mass reaches top_p (every token tied with the least likely one kept too).
+
+  Token i is kept iff the mass of the tokens strictly more likely than it,
+  M(logit_i), is below top_p. M falls as the logit rises, so the kept tokens are
+  those at or above one threshold, found by bisection over the logits' float32
+  bit patterns (mapped to order-preserving uint32 keys): 32 masked sums over
+  the vocabulary. A sort of a 262,144-token vocabulary took ~65 ms per
+  position on a 2-core CPU, more than the decode step itself.
+  """
+  probs_xV = jax.nn.softmax(logits_xV, axis=-1)
+  zeroed_xV = jnp.where(logits_xV == 0, 0.0, logits_xV)   # -0.0 ties +0.0, as a float does
+  bits_xV = jax.lax.bitcast_convert_type(zeroed_xV.astype(jnp.float32), jnp.uint32)
+  negative = bits_xV >> 31 == 1
+  keys_xV = jnp.where(negative, ~bits_xV, bits_xV | jnp.uint32(1 << 31))  # ordered as the logits
+  mass_above = lambda k_x1: jnp.sum(jnp.where(keys_xV > k_x1, probs_xV, 0.0), -1, keepdims=True)
+
+  # Invariant: M(lo) >= top_p > M(hi); hi - lo halves each step, so 32 steps reach
+  # hi = lo + 1, and hi is the smallest key whose mass above is below top_p.
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    below = mass_above(mid) < top_p
+    return jnp.where(below, lo, mid), jnp.where(below, mid, hi)
+
+  lowest = jnp.min(keys_xV, -1, keepdims=True)
+  lo = jnp.where(lowest > 0, lowest - 1, lowest)  # M(lowest - 1) is all the mass
+  hi = jnp.max(keys_xV, -1, keepdims=True)        # nothing lies above the top
+  _, threshold = jax.lax.fori_loop(0, 32, halve, (lo, hi))
+  return keys_xV >= threshold
 
 
 def sample(keys_B: Array, weights_BxV: Array) -> Array:

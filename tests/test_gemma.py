@@ -186,6 +186,34 @@ def test_top_k_and_top_p_filter_the_distribution():
   np.testing.assert_allclose(greedy[0], [1, 0, 0, 0])
 
 
+def _sorted_nucleus(logits, top_p):
+  """Top-p by a sort, as written before the bisection: the reference."""
+  order = np.argsort(-logits, kind='stable')
+  probs = np.exp(logits[order] - logits[order][0])
+  probs /= probs.sum()
+  mass_before = np.cumsum(probs) - probs
+  cutoff = logits[order][mass_before < top_p].min()
+  return logits >= cutoff
+
+
+@pytest.mark.parametrize('top_p', [0.05, 0.5, 0.8, 0.9, 0.95, 0.999])
+def test_nucleus_keeps_what_the_sorted_rule_keeps(top_p):
+  """Bisection over float bit patterns against the sort, on random logits with
+  ties (rounded logits, +0.0 beside -0.0), masked tokens (-inf) and wide ranges."""
+  rng = np.random.default_rng(int(top_p * 1000))
+  for trial in range(40):
+    vocab = int(rng.integers(2, 60))
+    logits = (rng.normal(size=(4, vocab)) * rng.uniform(0.1, 10)).astype(np.float32)
+    if trial % 2:
+      logits = np.round(logits)
+      logits[:, ::3] *= -1.0   # -0.0 where a logit rounded to 0
+    if trial % 5 == 0:
+      logits[:, :vocab // 3] = -np.inf
+    got = np.asarray(sampling.nucleus(jnp.asarray(logits), top_p))
+    want = np.stack([_sorted_nucleus(row, top_p) for row in logits])
+    np.testing.assert_array_equal(got, want, err_msg=f'trial {trial}: {logits}')
+
+
 def _logits_cache(out):
   """(logits, cache) of a ForwardOutput."""
   return out.logits_BxRxV, out.cache

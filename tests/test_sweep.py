@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from specjax import experiment
@@ -135,9 +136,12 @@ def test_cells_record_rows_and_provenance_and_share_the_baseline(tmp_path, monke
     return real_ar(*args, **kw)
 
   monkeypatch.setattr(methods.autoregressive, 'generate', counting_ar)
+  real_clear = jax.clear_caches
+  monkeypatch.setattr(jax, 'clear_caches', lambda: (calls.update(['clear_caches']), real_clear()))
   config = tiny_config(tmp_path)
   records = experiment.run_sweep(config, [dict(gamma=2), dict(gamma=3)])
   assert calls['autoregressive'] == 3 + 1  # three prompts, one compile run; none in cell two
+  assert calls['clear_caches'] == 2  # compiled programs dropped after each cell
   assert [r['status'] for r in records] == ['ok', 'ok']
   assert read_cells(config.output_dir) == records
   for record, gamma in zip(records, (2, 3)):

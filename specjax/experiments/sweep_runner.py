@@ -6,7 +6,8 @@ order. Cells that differ only in drafter settings share a run directory, so
 the autoregressive baseline of the same prompts runs once. A cell that raises
 is recorded with its error and the sweep goes on; progress (cells done, time
 spent, time left) goes to the absl log. `sweep.md` tabulates the last record
-of every cell when the sweep ends.
+of every cell when the sweep ends. Compiled programs are dropped after each
+cell, so a sweep's memory does not grow with its length.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from absl import logging
+import jax
 
 from specjax import experiment
 from specjax.experiments import summary as summary_lib
@@ -45,6 +47,11 @@ def run_sweep(config: Mapping[str, Any], sweep: Sequence[Mapping[str, Any]]
   for number, cell in enumerate(todo, start=1):
     logging.info('cell %s (%d of %d to run): %s', cell.id, number, len(todo), cell.label)
     directory.append(_run_cell(cell, directory, provenance))
+    # Cells share no compiled program worth keeping (a reused baseline is reused as
+    # rows), and a long sweep that held every cell's programs crashed XLA:CPU in a
+    # later compile (SIGSEGV in the 11th cell of the Leviathan table). The
+    # persistent compilation cache still serves a program a later cell needs again.
+    jax.clear_caches()
     spent = time.monotonic() - started
     logging.info('%d of %d cells done; %s spent in this run, about %s left',
                  len(cells) - len(todo) + number, len(cells), _duration(spent),

@@ -13,10 +13,11 @@ CPU model and flags:
      (held out: the vocabulary was counted on specjax/prompts/calibration.jsonl)
      inside each reduced vocabulary;
   3. mean accepted tokens per target call (new tokens / target calls) and the
-     acceptance rate for each self-drafter and vocabulary, gamma `--gamma`
-     fixed, all prompts in one batch (greedy with a fixed draft length: a row's
-     counts do not depend on its batch), outputs checked identical to plain
-     decoding;
+     acceptance rate for each self-drafter (`early_exit`, and `layer_skip`
+     with the shipped set and with one layer skipped) with the full head and
+     every reduced vocabulary, gamma `--gamma` fixed, all prompts in one batch
+     (greedy with a fixed draft length: a row's counts do not depend on its
+     batch), outputs checked identical to plain decoding;
   4. batch 1, Spec-Bench's way: per task, speedup = mean tokens/s of a drafter
      (adaptive draft length, measured verify costs) over autoregressive tokens/s
      on the same prompts, and overall.
@@ -25,6 +26,10 @@ Only ratios within this run mean anything: the machine may be shared.
 Compilation is excluded (each program runs once untimed first).
 
   .venv/bin/python benchmarks/draft_heads.py --per_category=2 --max_new_tokens=128
+
+`--sections=costs,coverage,acceptance` leaves out the slowest, the batch-1
+speed section (sections 1-3 need the autoregressive outputs, which are always
+made).
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ GAMMA = flags.DEFINE_integer('gamma', 4, 'Draft length (fixed in section 3, the 
 SIZES = flags.DEFINE_list('sizes', ['8192', '16384', '32768', '65536'], 'Reduced vocabularies.')
 SPEED = flags.DEFINE_list('speed', ['layer_skip', 'early_exit'],
                           'Drafters (32k head) of the batch-1 speed section.')
+SECTIONS = flags.DEFINE_list('sections', ['costs', 'coverage', 'acceptance', 'speed'],
+                             'Which of the four tables to print.')
 SLOTS = 512   # cache slots of the step-cost section
 
 
@@ -145,7 +152,8 @@ def main(argv):
   print(f'jax {jax.__version__}; {len(chosen)} Spec-Bench prompts, {MAX_NEW.value} new tokens; '
         f'gamma {GAMMA.value}; layer_skip set {skip} (shipped search result)\n')
 
-  print(step_cost_table(model, params, vocab, skip), '\n', flush=True)
+  if 'costs' in SECTIONS.value:
+    print(step_cost_table(model, params, vocab, skip), '\n', flush=True)
 
   # Batch 1, autoregressive: the baseline, and the held-out text for coverage.
   compiled = set()
@@ -167,7 +175,7 @@ def main(argv):
   lines = ['Coverage: share of the target\'s greedy output tokens on these Spec-Bench prompts '
            'inside the reduced vocabulary (all prompts; the lowest task):', '',
            '| N | coverage | lowest task |', '|---|---|---|']
-  for size in (int(s) for s in SIZES.value):
+  for size in (int(s) for s in SIZES.value) if 'coverage' in SECTIONS.value else ():
     sub = vocab.first(size)
     per_task = collections.defaultdict(list)
     for p, out in zip(chosen, outputs):
@@ -175,16 +183,19 @@ def main(argv):
     low = min(per_task, key=lambda t: sub.coverage(per_task[t]))
     lines.append(f'| {size} | {sub.coverage([t for o in outputs for t in o]):.4f} | '
                  f'{low} {sub.coverage(per_task[low]):.4f} |')
-  print('\n'.join(lines), '\n', flush=True)
+  if 'coverage' in SECTIONS.value:
+    print('\n'.join(lines), '\n', flush=True)
 
   # Mean accepted tokens, all prompts in one batch, fixed gamma.
   lines = [f'Mean accepted tokens per target call (gamma {GAMMA.value} fixed, all prompts in one '
            'batch; plain decoding = 1.00):', '',
            '| drafter | head | mean accepted | acceptance rate | identical to plain |',
            '|---|---|---|---|---|']
-  configs = ([('early_exit', 0, {})] + [('early_exit', int(s), {}) for s in SIZES.value]
-             + [('layer_skip', 32768, {}), ('layer_skip', 32768, dict(skip=(4,)))])
-  for name, size, extra in configs:
+  sizes = [0] + [int(s) for s in SIZES.value]   # 0: the full head
+  configs = ([('early_exit', size, {}) for size in sizes]
+             + [('layer_skip', size, {}) for size in sizes]
+             + [('layer_skip', 32768, dict(skip=(4,)))])
+  for name, size, extra in configs if 'acceptance' in SECTIONS.value else ():
     drafter = make_drafter(name, target=model, settings=dict(drafter_settings(name, size),
                                                              **extra),
                            target_params=params)
@@ -198,7 +209,8 @@ def main(argv):
     lines.append(f'| {label} | {f"{size // 1024}k" if size else "full"} | {mean_acc:.2f} | '
                  f'{rate:.3f} | {same:.2f} |')
     print(lines[-1], flush=True)
-  print('\n'.join(lines), '\n', flush=True)
+  if 'acceptance' in SECTIONS.value:
+    print('\n'.join(lines), '\n', flush=True)
 
   # Batch 1 speed, adaptive draft length with measured verify costs.
   costs = {}
@@ -220,7 +232,7 @@ def main(argv):
            f'length up to gamma {GAMMA.value}; 32k head):', '',
            '| drafter | ' + ' | '.join(tasks) + ' | overall | identical |',
            '|---|' + '---|' * (len(tasks) + 2)]
-  for name in SPEED.value:
+  for name in SPEED.value if 'speed' in SECTIONS.value else ():
     drafter = make_drafter(name, target=model, settings=drafter_settings(name, 32768),
                            target_params=params)
     done, tps, same = set(), collections.defaultdict(list), []
@@ -243,7 +255,8 @@ def main(argv):
     lines.append(f'| {name} | ' + ' | '.join(f'{c:.2f}x' for c in cells)
                  + f' | {overall:.2f}x | {np.mean(same):.2f} |')
     print(lines[-1], flush=True)
-  print('\n'.join(lines))
+  if 'speed' in SECTIONS.value:
+    print('\n'.join(lines))
   print(f'\n{time.time() - start:.0f} s in all')
 
 

@@ -99,8 +99,9 @@ def get_config(arg=None):
 # early_exit is left out: without a trained exit it accepts almost nothing on the 270M
 # (0.2-0.6% of drafts at 4 layers, reduced head or not) and runs slower than plain decoding.
 # layer_skip (the shipped set skips no layer; its 32k head is what makes drafting cheap)
-# measured 1.57x over plain decoding on raw-text Spec-Bench at batch 1
-# (experiments/2026-12-draft-heads-gemma270m-cpu).
+# measured 1.57x over plain decoding on raw-text Spec-Bench at batch 1 on a loaded machine
+# (experiments/2026-12-draft-heads-gemma270m-cpu), but 1.04x on a quiet one, where its draft
+# step costs 0.60 of a target step (experiments/2026-12-paper-tables-gemma270m-cpu).
 SWEEP = dict(
     drafters=[('ngram',)],
     gamma=[2, 4, 6, 8],

@@ -64,7 +64,8 @@ def get_config(arg=None):
   c.mesh_data = 1
   c.mesh_model = 1
   # Speculative decoding.
-  c.drafters = ('ngram',)       # any of 'ngram', 'draft_model', 'early_exit', 'layer_skip', 'medusa'
+  c.drafters = ('ngram',)       # any of 'ngram', 'draft_model', 'early_exit', 'layer_skip',
+                                # 'medusa', 'eagle'
   c.gamma = 4                   # the most tokens drafted per target call
   # Per step, each row verifies as many drafts as its evidence supports and the
   # call's width maximises expected tokens per measured cost (0 = a plain step);
@@ -89,6 +90,9 @@ def get_config(arg=None):
                       draft_vocab_size=32768)
   # Trained Medusa heads: a directory `python -m specjax.train --config=configs/train_medusa.py` wrote.
   c.medusa = dict(checkpoint='', min_confidence=0.0)
+  # EAGLE-3-style feature drafter: 'embedded' = the one shipped for the embedded 270M, else a
+  # directory `python -m specjax.train --config=configs/train_eagle.py` wrote.
+  c.eagle = dict(checkpoint='embedded', min_confidence=0.0)
   c.update(parse_arg(arg, c))
   return c
 

@@ -18,7 +18,7 @@ VARIANTS = {
                  checkpoint_every=4, eval_every=6, log_every=2,
                  data=dict(num_shards=3, sequences_per_shard=8, seq_len=24, start_tokens=4,
                            sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=(1,)),
-                 output_dir='results/train_medusa-tiny'),
+                 data_dir='', output_dir='results/train_medusa-tiny'),
 }
 
 
@@ -34,6 +34,7 @@ def get_config(arg=None):
   # Self-distillation data: num_shards x sequences_per_shard sequences of seq_len tokens.
   c.data = dict(num_shards=34, sequences_per_shard=32, seq_len=128, start_tokens=8,
                 sampled_fraction=0.25, seed=0, bos_id=2, eos_ids=(1, 106))
+  c.data_dir = 'results/distill-gemma3-270m'   # shared with configs/train_eagle.py
   c.heldout_shards = 2
   c.batch_size = 8
   c.steps = 1200

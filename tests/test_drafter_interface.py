@@ -174,7 +174,9 @@ def test_adaptive_ngram_takes_plain_steps_where_it_has_no_match():
     ('early_exit', {'layers': 2.5}, r'config.early_exit.layers must be a int, got 2.5'),
     ('early_exit', {'min_confidence': 1.5}, r'config.early_exit.min_confidence must be in'),
     ('draft_model', {'checkpoint': 3}, r'config.draft_model.checkpoint must be a str'),
-    ('eagle', {}, r"unknown drafter 'eagle'"),
+    ('eagle', {'min_confidence': -0.1}, r'config.eagle.min_confidence must be in'),
+    ('eagle', {'checkpoint': 1}, r'config.eagle.checkpoint must be a str'),
+    ('hydra', {}, r"unknown drafter 'hydra'"),
     ('medusa', {'heads': 4}, r'config.medusa has unknown setting\(s\) heads'),
 ])
 def test_bad_nested_drafter_settings_are_clear_errors(name, values, message):

@@ -59,19 +59,22 @@ def recipe(**overrides) -> distill_data.Recipe:
 
 # ------------------------------------------------------------------ the loss
 
-def test_training_steps_lower_the_loss_on_a_fixed_batch():
+@pytest.mark.parametrize('drafter', ['medusa', 'eagle'])
+def test_training_steps_lower_the_loss_on_a_fixed_batch(drafter):
   tokens, lengths = distill_data.make_shard(TARGET, TARGET_PARAMS, recipe(), 0)
-  cfg = config(pathlib.Path('/unused'), steps=40, warmup_steps=1)
+  cfg = config(pathlib.Path('/unused'), drafter=drafter, steps=40, warmup_steps=1,
+               eagle=dict(steps=3, mlp_width=32))
+  goal = trainer.make_objective(cfg, TARGET.config)
   tx = trainer.optimizer(cfg)
-  heads = medusa.init_heads(3, TARGET.config.embed_dim)
-  opt_state = tx.init(heads)
-  head_NxD = medusa.head_matrix(TARGET_PARAMS, None)
-  index_V = objective.draft_index(None, TARGET.config.vocab_size)
+  params = goal.init(jax.random.key(0), TARGET_PARAMS)
+  opt_state = tx.init(params)
+  frozen = goal.frozen(TARGET_PARAMS, None)
+  features = trainer.target_features(TARGET, TARGET_PARAMS, tokens, goal.hidden_layers, 4)
   losses = []
   for _ in range(30):
-    heads, opt_state, loss, _ = trainer._train_step(  # pylint: disable=protected-access
-        heads, opt_state, TARGET_PARAMS, head_NxD, index_V, jnp.asarray(tokens),
-        jnp.asarray(lengths), target=TARGET, tx=tx, softcap=None)
+    params, opt_state, loss, _ = trainer._train_step(  # pylint: disable=protected-access
+        params, opt_state, frozen, jnp.asarray(features), jnp.asarray(tokens),
+        jnp.asarray(lengths), objective=goal, tx=tx)
     losses.append(float(loss))
   assert losses[-1] < 0.7 * losses[0], losses
 
@@ -89,13 +92,15 @@ def test_labels_are_the_tokens_two_and_more_ahead_inside_the_sequence_and_vocabu
 
 # ----------------------------------------------------------- resume, exactly
 
-def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path, monkeypatch):
-  unbroken = config(tmp_path / 'a')
+@pytest.mark.parametrize('drafter', ['medusa', 'eagle'])
+def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path, monkeypatch, drafter):
+  small = dict(drafter=drafter, eagle=dict(steps=2, mlp_width=32))
+  unbroken = config(tmp_path / 'a', **small)
   trainer.train(unbroken)
   reference = [json.loads(line) for line in open(os.path.join(unbroken.output_dir,
                                                               'metrics.jsonl'))]
 
-  broken = config(tmp_path / 'b')
+  broken = config(tmp_path / 'b', **small)
   real_step, calls = trainer._train_step, []  # pylint: disable=protected-access
 
   def dies_at_step_6(*args, **kwargs):
@@ -114,10 +119,10 @@ def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path, monkeypatch):
   for a, b in zip(reference, resumed):
     assert a['loss'] == b['loss'], (a, b)   # bit-identical losses
   signature = drafter_io.target_signature(TARGET.config, 'sha-tiny')
-  heads_a, _, _ = drafter_io.load_drafter(os.path.join(unbroken.output_dir, 'drafter'), 'medusa',
+  heads_a, _, _ = drafter_io.load_drafter(os.path.join(unbroken.output_dir, 'drafter'), drafter,
                                           target=signature)
   heads_b, _, manifest = drafter_io.load_drafter(os.path.join(broken.output_dir, 'drafter'),
-                                                 'medusa', target=signature)
+                                                 drafter, target=signature)
   for x, y in zip(jax.tree.leaves(heads_a), jax.tree.leaves(heads_b)):
     np.testing.assert_array_equal(x, y)
   assert manifest['steps'] == 8 and manifest['data_recipe']['num_shards'] == 3
@@ -186,9 +191,10 @@ def test_trained_heads_beat_untrained_ones_on_held_out_text(tmp_path, monkeypatc
   trained = trainer.train(cfg)
   tokens, lengths = distill_data.load(os.path.join(cfg.output_dir, 'data'), [4])
   assert len({tuple(row[:8]) for row in tokens.tolist()}) > 2   # varied held-out text
-  untrained = trainer.evaluate(medusa.init_heads(3, width), toy, params,
-                               medusa.head_matrix(params, None),
-                               objective.draft_index(None, vocab), tokens, lengths, 4)
+  goal = trainer.make_objective(cfg, toy.config)
+  features = trainer.target_features(toy, params, tokens, goal.hidden_layers, 4)
+  untrained = trainer.evaluate(goal, medusa.init_heads(3, width), goal.frozen(params, None),
+                               features, tokens, lengths, 4)
   assert trained['heldout_mean_accepted_tokens'] > untrained['heldout_mean_accepted_tokens'] + 0.5
   assert trained['heldout_loss'] < untrained['heldout_loss']
 
@@ -237,7 +243,10 @@ def test_a_drafter_checkpoint_for_another_target_or_damaged_is_refused(tmp_path)
 
 
 @pytest.mark.parametrize('key,value,message', [
-    ('drafter', 'eagle', "knows 'medusa'"),
+    ('drafter', 'hydra', "knows 'medusa', 'eagle'"),
+    ('eagle', {'stepz': 2}, 'config.eagle has unknown key'),
+    ('eagle', {'steps': 0}, 'config.eagle.steps must be >= 1'),
+    ('eagle', {'mlp_width': 2.5}, 'config.eagle.mlp_width must be'),
     ('heldout_shards', 3, 'must leave training shards'),
     ('warmup_steps', 8, 'warmup_steps must be in'),
     ('num_heads', 0, 'num_heads must be >= 1'),
@@ -249,32 +258,35 @@ def test_bad_training_config_values_are_named(tmp_path, key, value, message):
 
 # ---------------------------------------------------- trained heads, end to end
 
-def test_the_tiny_recipe_trains_heads_that_a_run_serves_exactly(tmp_path, monkeypatch):
-  """configs/train_medusa.py:tiny, then `run_experiment` with drafters=('medusa',):
+@pytest.mark.parametrize('drafter', ['medusa', 'eagle'])
+def test_the_tiny_recipe_trains_a_drafter_that_a_run_serves_exactly(tmp_path, monkeypatch,
+                                                                    drafter):
+  """configs/train_<drafter>.py:tiny, then `run_experiment` with drafters=(drafter,):
   greedy output identical to the baseline, and a checkpoint for another target refused."""
   from specjax import experiment  # pylint: disable=g-import-not-at-top
   from specjax.checkpoints import CheckpointError as Refused  # pylint: disable=g-import-not-at-top
   import test_experiment  # pylint: disable=g-import-not-at-top
   monkeypatch.undo()   # the real tiny-random target, as the experiment loads it
-  spec = importlib.util.spec_from_file_location('train_medusa', ROOT / 'configs' /
-                                                'train_medusa.py')
+  spec = importlib.util.spec_from_file_location(f'train_{drafter}', ROOT / 'configs' /
+                                                f'train_{drafter}.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   train_config = module.get_config('tiny')
   train_config.output_dir = str(tmp_path / 'train')
   final = trainer.train(trainer.TrainConfig.from_config(train_config))
   assert final['heldout_mean_accepted_tokens'] >= 1.0
-  heads_dir = str(tmp_path / 'train' / 'drafter')
-  config = test_experiment.tiny_config(tmp_path / 'run', drafters=('medusa',), gamma=3,
-                                       medusa=dict(checkpoint=heads_dir, min_confidence=0.0))
+  weights_dir = str(tmp_path / 'train' / 'drafter')
+  config = test_experiment.tiny_config(tmp_path / 'run', drafters=(drafter,), gamma=3,
+                                       **{drafter: dict(checkpoint=weights_dir,
+                                                        min_confidence=0.0)})
   experiment.run_experiment(config)
   rows = test_experiment.read_rows(config)
-  assert [r['method'] for r in rows].count('medusa') == 3
-  assert all(r['identical_to_baseline'] for r in rows if r['method'] == 'medusa')
-  # The same heads for a target of another vocabulary: refused before anything runs.
-  manifest = json.loads(open(os.path.join(heads_dir, 'drafter.json')).read())
+  assert [r['method'] for r in rows].count(drafter) == 3
+  assert all(r['identical_to_baseline'] for r in rows if r['method'] == drafter)
+  # The same weights for a target of another vocabulary: refused before anything runs.
+  manifest = json.loads(open(os.path.join(weights_dir, 'drafter.json')).read())
   manifest['target']['vocab_size'] += 1
-  with open(os.path.join(heads_dir, 'drafter.json'), 'w') as f:
+  with open(os.path.join(weights_dir, 'drafter.json'), 'w') as f:
     json.dump(manifest, f)
   config.output_dir = str(tmp_path / 'run2')
   with pytest.raises(Refused, match='another target: its vocab_size is 261'):

@@ -104,12 +104,16 @@ class HiddenBigram:
 
   def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
               num_layers=None, hidden_layers=(), tree_mask=None):
-    del positions_BxT, num_layers, hidden_layers, tree_mask  # a bigram: context plays no part
+    del positions_BxT, num_layers, tree_mask  # a bigram: context plays no part
     hidden_BxTxD = params['hidden_VxD'][tokens_BxT]
     logits = jnp.einsum('btd,vd->btv', hidden_BxTxD, params['embedding_VxD'])
     if logit_indices_BxR is not None:
       logits = jnp.take_along_axis(logits, logit_indices_BxR[:, :, None], axis=1)
-    return gemma.ForwardOutput(logits, cache, hidden_BxTxD, None)
+    # "Layer" i's residual stream: the hidden state, scaled and shifted by i, so an
+    # EAGLE drafter has features to read at every layer it asks for.
+    layers = (jnp.stack([hidden_BxTxD * (1.0 + i) + 0.1 * i for i in sorted(set(hidden_layers))])
+              if hidden_layers else None)
+    return gemma.ForwardOutput(logits, cache, hidden_BxTxD, layers)
 
 
 # --------------------------------------------------------------- toy drafters

@@ -23,8 +23,18 @@ import orbax.checkpoint as ocp
 from specjax.checkpoints.errors import CheckpointError
 
 MANIFEST = 'drafter.json'
+# checkpoint='embedded': the drafter of that kind shipped for the embedded Gemma 3 270M.
+EMBEDDED = 'embedded'
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / 'drafters' / 'data'
 WEIGHTS = 'weights'
 FORMAT_VERSION = 1
+
+
+def resolve(checkpoint: str, kind: str) -> Path:
+  """A checkpoint setting as a directory: 'embedded' is the one shipped for the embedded 270M."""
+  if checkpoint == EMBEDDED:
+    return SHIPPED_DIR / f'gemma3-270m-{kind}'
+  return Path(checkpoint).expanduser().resolve()
 
 
 def ids_digest(vocab_ids_N) -> str:
@@ -64,7 +74,7 @@ def load_drafter(directory: str | os.PathLike, kind: str, *, target: dict[str, A
   `target` is `target_signature` of the target it will draft for; a sha256 of
   '' skips the content check (a target given by config only, e.g. in tests).
   """
-  directory = Path(directory).expanduser().resolve()
+  directory = resolve(str(directory), kind)
   manifest_path = directory / MANIFEST
   if not manifest_path.is_file():
     raise CheckpointError(f'{directory}: not a specjax drafter checkpoint (no {MANIFEST})')

@@ -106,6 +106,11 @@ def check_drafter(drafter: Drafter, target: LanguageModel) -> None:
                      f'{target.config.num_layers} layers')
 
 
+def target_kwargs(drafter: Drafter, target_params) -> dict:
+  """`target_params=` for a drafter that reads them, nothing for the others."""
+  return {'target_params': target_params} if drafter.reads_target_params else {}
+
+
 def _pad_positions(x, width: int, axis: int):
   if x is None or x.shape[axis] == width:
     return x
@@ -197,7 +202,8 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
   live_B = ~decode.done_B
   propose_kwargs = dict(params=drafter_params, state=state.drafter_state,
                         tokens_BxS=decode.tokens_BxS, lengths_B=decode.lengths_B,
-                        keys_B=draft_keys, sampling=loop.sampling, shared=shared)
+                        keys_B=draft_keys, sampling=loop.sampling, shared=shared,
+                        **target_kwargs(drafter, target_params))
   if loop.tree is not None:
     proposal, (new, view, drafted_B, accepted_B, num_accepted_B, k_B) = _tree_step(
         loop, target_params, keys_B, max_new_B, state, propose_kwargs)
@@ -215,7 +221,8 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
     else:
       new, view, drafted_B, accepted_B, num_accepted_B, k_B = jax.lax.switch(index, branches,
                                                                              *args)
-  drafter_state = drafter.update(params=drafter_params, state=proposal.state, target=view)
+  drafter_state = drafter.update(params=drafter_params, state=proposal.state, target=view,
+                                 **target_kwargs(drafter, target_params))
 
   live_i = live_B.astype(jnp.int32)
   c = state.counters
@@ -241,7 +248,8 @@ def program(loop: program_lib.Loop, target_params, drafter_params, costs_N, toke
                     positions_BxT=jnp.broadcast_to(jnp.arange(prefill_len), (batch, prefill_len)),
                     hidden_BxTxD=out.hidden_BxTxD, layer_hidden_LxBxTxD=out.layer_hidden_LxBxTxD,
                     num_accepted_B=jnp.zeros((batch,), jnp.int32))
-  drafter_state = drafter.init(params=drafter_params, target=view)
+  drafter_state = drafter.init(params=drafter_params, target=view,
+                               **target_kwargs(drafter, target_params))
   ones_B = active_B.astype(jnp.int32)
   zeros_B = jnp.zeros_like(ones_B)
   state = SpecState(decode, drafter_state, draft_length.History.init(batch),

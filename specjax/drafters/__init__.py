@@ -1,5 +1,6 @@
 """Drafters: n-gram prompt lookup, a smaller draft model, the target cut short
-(its early layers, or all but a skipped set), Medusa heads trained on its hidden states.
+(its early layers, or all but a skipped set), and drafters trained on its hidden
+states: Medusa heads and an EAGLE-3-style feature-space layer.
 
 Each drafter module owns its `Settings` (one nested config entry, e.g.
 `c.ngram = dict(max_n=3, min_n=1)`), checked by `settings_for` where the
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specjax.drafters import draft_model as draft_model_lib
+from specjax.drafters import eagle as eagle_lib
 from specjax.drafters import early_exit as early_exit_lib
 from specjax.drafters import layer_skip as layer_skip_lib
 from specjax.drafters import medusa as medusa_lib
@@ -25,11 +27,14 @@ SETTINGS = {
     'early_exit': early_exit_lib.Settings,
     'layer_skip': layer_skip_lib.Settings,
     'medusa': medusa_lib.Settings,
+    'eagle': eagle_lib.Settings,
 }
 DRAFTER_NAMES = tuple(SETTINGS)
 # Drafters that fill branching token trees (`Drafter.propose_tree`); the others
 # verify chain-shaped trees only.
 TREE_DRAFTERS = ('ngram', 'medusa')
+# Drafters whose weights `python -m specjax.train` makes (`checkpoints.drafter_io`).
+TRAINED_DRAFTERS = ('medusa', 'eagle')
 
 
 def settings_for(name: str, values: Mapping[str, Any] | None = None):
@@ -43,13 +48,13 @@ def settings_for(name: str, values: Mapping[str, Any] | None = None):
 def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
                  draft_model: tuple[LanguageModel, object] | None = None,
                  target_params=None, tokenizer: str | None = None,
-                 medusa_heads: tuple[object, object] | None = None) -> Drafter:
+                 trained: tuple[object, object, dict] | None = None) -> Drafter:
   """Builds a drafter by name; `settings` is its Settings or a mapping of them,
   `draft_model` is (model, params) for 'draft_model'. The self-drafters take
   `target_params` (a reduced head is gathered from them) and `tokenizer`, the
   fingerprint a draft vocabulary file must carry (None: not checked).
-  `medusa_heads` is (heads, draft vocabulary ids or None) for 'medusa'
-  (`checkpoints.drafter_io` loads them)."""
+  `trained` is (weights, draft vocabulary ids or None, manifest) for 'medusa'
+  and 'eagle', as `checkpoints.drafter_io.load_drafter` returns them."""
   if settings is None or isinstance(settings, Mapping) or hasattr(settings, 'to_dict'):
     settings = settings_for(name, settings)
   if name == 'ngram':
@@ -70,13 +75,16 @@ def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
           f'draft model vocabulary ({model.config.vocab_size} tokens) differs from the '
           f"target's ({target.config.vocab_size}): a drafter must share the target's vocabulary")
     return draft_model_lib.make(model, params, settings)
-  if name == 'medusa':
-    if medusa_heads is None:
-      raise ValueError("the 'medusa' drafter needs trained heads (config key medusa.checkpoint, "
-                       'a directory `python -m specjax.train` wrote)')
-    heads, vocab_ids = medusa_heads
-    return medusa_lib.make(target, heads, settings, vocab_ids_N=vocab_ids,
-                           target_params=target_params)
+  if name in TRAINED_DRAFTERS:
+    if trained is None:
+      raise ValueError(f"the {name!r} drafter needs trained weights (config key "
+                       f'{name}.checkpoint, a directory `python -m specjax.train` wrote)')
+    weights, vocab_ids, manifest = trained
+    if name == 'medusa':
+      return medusa_lib.make(target, weights, settings, vocab_ids_N=vocab_ids,
+                             target_params=target_params)
+    return eagle_lib.make(target, weights, tuple(manifest['hidden_layers']), settings,
+                          vocab_ids_N=vocab_ids, target_params=target_params)
   raise ValueError(f'unknown drafter {name!r}; known drafters: {", ".join(DRAFTER_NAMES)}')
 
 

@@ -24,6 +24,9 @@
       them (the rule in `decoding/tree_acceptance.py`). A drafter without it
       verifies chain-shaped trees only, through `propose`.
 
+A drafter that declares `reads_target_params` (EAGLE embeds tokens with the
+target's table) gets the target's params as `target_params=` in all three.
+
 All functions run inside the one compiled decoding loop, so shapes are fixed
 and every count is data. Hidden states a drafter reads come from the
 target's forward pass (`hidden_layers` names the layers it wants beside the
@@ -108,6 +111,7 @@ class Drafter:
   params: Any = None          # the drafter's own weights (None for n-gram / early exit)
   hidden_layers: tuple[int, ...] = ()  # target layers whose hidden states it reads
   shares_target_cache: bool = False
+  reads_target_params: bool = False   # init / update / propose get target_params=
   propose_tree: Callable[..., TreeProposal] | None = None  # None: chain-shaped trees only
 
 

@@ -70,6 +70,7 @@ class ExperimentConfig:
   early_exit: dict
   layer_skip: dict
   medusa: dict
+  eagle: dict
 
   @classmethod
   def from_config(cls, config: Mapping[str, Any]) -> ExperimentConfig:
@@ -143,13 +144,19 @@ class ExperimentConfig:
              "must name a checkpoint when drafters include 'draft_model'")
       _check(_is_checkpoint(checkpoint), 'draft_model.checkpoint',
              f'is {checkpoint!r}: not embedded:NAME and not an existing path')
-    if 'medusa' in self.drafters:
-      checkpoint = self.medusa.get('checkpoint', '')
-      _check(checkpoint != '', 'medusa.checkpoint',
-             "must name trained heads when drafters include 'medusa' (a directory "
-             '`python -m specjax.train` wrote)')
-      _check(os.path.isfile(os.path.join(checkpoint, 'drafter.json')), 'medusa.checkpoint',
-             f'is {checkpoint!r}, which holds no drafter.json: not a trained drafter directory')
+    for name in drafters.TRAINED_DRAFTERS:
+      if name not in self.drafters:
+        continue
+      from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
+      checkpoint = getattr(self, name).get('checkpoint', '')
+      _check(checkpoint != '', f'{name}.checkpoint',
+             f"must name trained weights when drafters include {name!r} ('embedded' or a "
+             'directory `python -m specjax.train` wrote)')
+      where = drafter_io.resolve(checkpoint, name)
+      _check(os.path.isfile(where / drafter_io.MANIFEST), f'{name}.checkpoint',
+             f'is {checkpoint!r}, which holds no drafter.json ({where}): not a trained drafter '
+             'directory' + (' (none is shipped for this kind)' if checkpoint == 'embedded'
+                            else ''))
 
   def _check_draft_length(self):
     values = self.draft_length

@@ -14,6 +14,7 @@ import pathlib
 
 from specjax import checkpoints
 from specjax import sharding
+from specjax.drafters import TRAINED_DRAFTERS
 from specjax.checkpoints import embedded
 from specjax.experiments import tiny
 from specjax.experiments.config import EMBEDDED_PREFIX, TINY_RANDOM, ConfigError, ExperimentConfig
@@ -59,8 +60,10 @@ def checkpoint_digests(config: ExperimentConfig) -> dict[str, str]:
   names = {'model': config.model} if config.model != TINY_RANDOM else {}
   if 'draft_model' in config.drafters:
     names['draft_model'] = config.draft_model['checkpoint']
-  if 'medusa' in config.drafters:
-    names['medusa'] = config.medusa['checkpoint']
+  from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
+  for name in TRAINED_DRAFTERS:
+    if name in config.drafters:
+      names[name] = str(drafter_io.resolve(getattr(config, name)['checkpoint'], name))
   return {key: checkpoints.content_digest(name) for key, name in names.items()}
 
 
@@ -69,15 +72,14 @@ def load_draft_model(config: ExperimentConfig, target: language_model.LanguageMo
   return _place(*checkpoints.load_checkpoint(config.draft_model['checkpoint']), target.mesh)
 
 
-def load_medusa_heads(config: ExperimentConfig, target: language_model.LanguageModel):
-  """(heads, draft vocabulary ids or None) of the 'medusa' drafter, checked against the
-  target they were trained for."""
+def load_trained_drafter(config: ExperimentConfig, target: language_model.LanguageModel,
+                         name: str):
+  """(weights, draft vocabulary ids or None, manifest) of a trained drafter ('medusa',
+  'eagle'), checked against the target it was trained for."""
   from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
   sha = '' if config.model == TINY_RANDOM else checkpoints.content_digest(config.model)
-  heads, vocab_ids, _ = drafter_io.load_drafter(
-      config.medusa['checkpoint'], 'medusa',
-      target=drafter_io.target_signature(target.config, sha))
-  return heads, vocab_ids
+  return drafter_io.load_drafter(getattr(config, name)['checkpoint'], name,
+                                 target=drafter_io.target_signature(target.config, sha))
 
 
 def _place(model_config, params, mesh):

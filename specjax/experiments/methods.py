@@ -73,7 +73,8 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
   drafter = drafters.make_drafter(
       name, target=model, settings=config.drafter_settings(name),
       draft_model=loading.load_draft_model(config, model) if name == 'draft_model' else None,
-      medusa_heads=loading.load_medusa_heads(config, model) if name == 'medusa' else None,
+      trained=(loading.load_trained_drafter(config, model, name)
+               if name in drafters.TRAINED_DRAFTERS else None),
       target_params=params)  # the tokenizer was checked against a draft vocabulary in preflight
   policy_for = functools.cache(functools.partial(_policy, model, params, config))
 

@@ -17,10 +17,13 @@ Shapes: B batch, L sequence, D width, K heads, N draft vocabulary, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from specjax.drafters import medusa
+from specjax.models.config import GemmaConfig
 
 Array = jax.Array
 
@@ -88,3 +91,27 @@ def accepted_run(correct_BxLxK: Array, lengths_B: Array) -> tuple[Array, Array]:
   run_BxL = jnp.sum(jnp.cumprod(correct_BxLxK.astype(jnp.int32), axis=-1), axis=-1)
   full_BxL = (jnp.arange(length)[None, :] + num_heads + 1) < lengths_B[:, None]
   return jnp.sum(jnp.where(full_BxL, run_BxL, 0)), jnp.sum(full_BxL)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Objective:
+  """Medusa-1's objective for `num_heads` heads on the target's final-norm output."""
+
+  target: GemmaConfig
+  num_heads: int
+  kind: str = 'medusa'
+  hidden_layers: tuple[int, ...] = ()   # the features are the final-norm output
+
+  def init(self, rng: Array, target_params) -> dict[str, Array]:
+    del rng, target_params
+    return medusa.init_heads(self.num_heads, self.target.embed_dim)
+
+  def frozen(self, target_params, vocab_ids_N: Array | None) -> dict[str, Array]:
+    return {'head_NxD': medusa.head_matrix(target_params, vocab_ids_N),
+            'index_V': draft_index(vocab_ids_N, self.target.vocab_size)}
+
+  def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array
+           ) -> tuple[Array, dict[str, Array]]:
+    rows, valid = labels(tokens_BxL, lengths_B, frozen['index_V'], self.num_heads)
+    return loss(params, frozen['head_NxD'], features_BxLxF, rows, valid,
+                self.target.final_logit_softcap)

@@ -1,9 +1,12 @@
 """Training a drafter against a frozen target: optax, Orbax, resumable, with progress.
 
 `train(cfg)` runs the whole recipe: self-distillation data (made if missing,
-`distill_data`), the heads, AdamW with linear warm-up and cosine decay and
+`distill_data`), the target's features for every sequence (one teacher-forced
+pass, computed once per run and held in memory: on a CPU that pass costs
+more than the drafter's whole update, so recomputing it every step would
+dominate), the drafter's objective (`medusa_objective`, `eagle_objective`), AdamW with linear warm-up and cosine decay and
 gradient clipping, and an Orbax checkpoint every `checkpoint_every` steps of
-the heads and the optimizer state (the last `keep` kept). A killed run
+the drafter's weights and the optimizer state (the last `keep` kept). A killed run
 restarts from its last checkpoint on the same trajectory: the batch of step s
 is a pure function of (seed, s), so the resumed losses equal those of an
 unbroken run. The target is loaded once and never updated (its params are not
@@ -37,21 +40,26 @@ import orbax.checkpoint as ocp
 from specjax import checkpoints
 from specjax.checkpoints import drafter_io
 from specjax.drafters import draft_vocab as draft_vocab_lib
-from specjax.drafters import medusa
+from specjax.drafters import eagle_net
 from specjax.experiments import tiny
 from specjax.experiments.config import TINY_RANDOM
 from specjax.models import language_model
 from specjax.training import distill_data
-from specjax.training import medusa_objective as objective
+from specjax.training import eagle_objective
+from specjax.training import medusa_objective
+
+TRAINABLE = ('medusa', 'eagle')
+EAGLE_KEYS = {'steps': int, 'mlp_width': int, 'hidden_layers': (tuple, list)}
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """One training run; see configs/train_medusa.py for what each key means."""
+  """One training run; see configs/train_medusa.py and configs/train_eagle.py for what
+  each key means. `num_heads` is Medusa's; `eagle` holds the EAGLE layer's settings
+  (steps: training-time-test depth, mlp_width, hidden_layers: () = EAGLE-3's three)."""
 
   target: str
   drafter: str
-  num_heads: int
   draft_vocab: str
   draft_vocab_size: int
   data: dict
@@ -69,19 +77,36 @@ class TrainConfig:
   log_every: int
   seed: int
   output_dir: str
+  num_heads: int = 4
+  eagle: dict = dataclasses.field(default_factory=dict)
+  data_dir: str = ''   # '' = output_dir/data; drafters of one target can share their data
+  export_dtype: str = 'float32'   # the exported drafter's weights: 'float32' or 'bfloat16'
 
   @classmethod
   def from_config(cls, config) -> TrainConfig:
     values = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown, missing = sorted(set(values) - names), sorted(names - set(values))
+    required = {f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    unknown, missing = sorted(set(values) - names), sorted(required - set(values))
     if unknown or missing:
       raise ValueError(f'train config: unknown key(s) {unknown}, missing key(s) {missing}')
     return cls(**values)
 
   def __post_init__(self):
-    if self.drafter != 'medusa':
-      raise ValueError(f"config.drafter is {self.drafter!r}: the trainer knows 'medusa'")
+    if self.drafter not in TRAINABLE:
+      raise ValueError(f"config.drafter is {self.drafter!r}: the trainer knows "
+                       f"{', '.join(map(repr, TRAINABLE))}")
+    unknown = sorted(set(self.eagle) - set(EAGLE_KEYS))
+    if unknown:
+      raise ValueError(f'config.eagle has unknown key(s) {unknown}; known: {sorted(EAGLE_KEYS)}')
+    for key, kind in EAGLE_KEYS.items():
+      if key in self.eagle and (not isinstance(self.eagle[key], kind)
+                                or isinstance(self.eagle[key], bool)):
+        raise ValueError(f'config.eagle.{key} must be {kind}, got {self.eagle[key]!r}')
+    for key in ('steps', 'mlp_width'):
+      if self.eagle.get(key, 1) < 1:
+        raise ValueError(f'config.eagle.{key} must be >= 1, got {self.eagle[key]}')
     for key in ('num_heads', 'draft_vocab_size', 'batch_size', 'steps', 'checkpoint_every',
                 'keep', 'eval_every', 'log_every', 'heldout_shards'):
       if getattr(self, key) < 1:
@@ -92,6 +117,9 @@ class TrainConfig:
     if not self.learning_rate > 0 or self.final_learning_rate < 0 or self.clip_norm <= 0:
       raise ValueError('config.learning_rate and config.clip_norm must be > 0 and '
                        'config.final_learning_rate >= 0')
+    if self.export_dtype not in ('float32', 'bfloat16'):
+      raise ValueError(f"config.export_dtype must be 'float32' or 'bfloat16', got "
+                       f'{self.export_dtype!r}')
     if not 0 <= self.warmup_steps < self.steps:
       raise ValueError(f'config.warmup_steps must be in [0, steps), got {self.warmup_steps}')
 
@@ -103,6 +131,57 @@ def load_target(name: str):
     return language_model.single_device(config), params, ''
   config, params = checkpoints.load_checkpoint(name)
   return language_model.single_device(config), params, checkpoints.content_digest(name)
+
+
+def make_objective(cfg: TrainConfig, target_config):
+  """The drafter's objective; an EAGLE layer reading layers the target lacks is refused."""
+  if cfg.drafter == 'medusa':
+    return medusa_objective.Objective(target_config, cfg.num_heads)
+  layers = tuple(cfg.eagle.get('hidden_layers', ())) or eagle_net.default_layers(
+      target_config.num_layers)
+  bad = [i for i in layers if not isinstance(i, int) or not 0 <= i < target_config.num_layers]
+  if bad or len(set(layers)) != len(layers):
+    raise ValueError(f'config.eagle.hidden_layers is {layers}: distinct layers of the '
+                     f'target, 0 .. {target_config.num_layers - 1}')
+  return eagle_objective.Objective(target_config, tuple(sorted(layers)),
+                                   steps=cfg.eagle.get('steps', 4),
+                                   mlp_width=cfg.eagle.get('mlp_width', 1024))
+
+
+@functools.partial(jax.jit, static_argnames=('target', 'hidden_layers'))
+def _features_step(target_params, tokens_BxL, *, target, hidden_layers):
+  batch, length = tokens_BxL.shape
+  positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  out = target.forward(target_params, tokens_BxL, positions_BxL,
+                       target.init_cache(batch, max(length, 2)),
+                       jnp.zeros((batch, 1), jnp.int32),  # the head at one position only
+                       hidden_layers=hidden_layers)
+  if not hidden_layers:
+    return out.hidden_BxTxD
+  return jnp.concatenate(list(out.layer_hidden_LxBxTxD), axis=-1)
+
+
+def target_features(target, target_params, tokens_NxL: np.ndarray, hidden_layers, batch: int,
+                    what: str = '') -> np.ndarray:
+  """The frozen target's features for every sequence, [N, L, F] float32 on the host: the
+  final-norm output (no `hidden_layers`) or the residual stream after each of them,
+  side by side."""
+  n = len(tokens_NxL)
+  out, start = [], time.monotonic()
+  for first in range(0, n, batch):
+    chunk = tokens_NxL[first:first + batch]
+    if len(chunk) < batch:   # one compiled shape: pad the last batch
+      chunk = np.concatenate([chunk, np.zeros((batch - len(chunk),) + chunk.shape[1:],
+                                              chunk.dtype)])
+    feats = _features_step(target_params, jnp.asarray(chunk), target=target,
+                           hidden_layers=tuple(hidden_layers))
+    out.append(np.asarray(feats, np.float32)[:min(batch, n - first)])
+    done = first + len(out[-1])
+    if len(out) % 20 == 0 or done == n:
+      spent = time.monotonic() - start
+      logging.info('features%s: %d of %d sequences (%.0f s spent, ~%.0f s left)', what, done,
+                   n, spent, spent / done * (n - done))
+  return np.concatenate(out)
 
 
 def optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -145,39 +224,33 @@ def _draft_vocab(cfg: TrainConfig, vocab: int) -> np.ndarray | None:
   return np.asarray(chosen.ids_N, np.int32)
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'tx', 'softcap'), donate_argnums=(0, 1))
-def _train_step(heads, opt_state, target_params, head_NxD, index_V, tokens_BxL, lengths_B, *,
-                target, tx, softcap):
-  hidden = objective.target_features(target, target_params, tokens_BxL)
-  rows, valid = objective.labels(tokens_BxL, lengths_B, index_V, heads['w_KxDxD'].shape[0])
+@functools.partial(jax.jit, static_argnames=('objective', 'tx'), donate_argnums=(0, 1))
+def _train_step(params, opt_state, frozen, features_BxLxF, tokens_BxL, lengths_B, *, objective,
+                tx):
+  def loss_fn(p):
+    return objective.loss(p, frozen, features_BxLxF, tokens_BxL, lengths_B)
 
-  def loss_fn(h):
-    return objective.loss(h, head_NxD, hidden, rows, valid, softcap)
-
-  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(heads)
-  updates, opt_state = tx.update(grads, opt_state, heads)
-  heads = optax.apply_updates(heads, updates)
-  return heads, opt_state, loss, metrics['accuracy_K']
+  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  params = optax.apply_updates(params, updates)
+  return params, opt_state, loss, metrics['accuracy_K']
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'softcap'))
-def _eval_step(heads, target_params, head_NxD, index_V, tokens_BxL, lengths_B, *, target,
-               softcap):
-  hidden = objective.target_features(target, target_params, tokens_BxL)
-  rows, valid = objective.labels(tokens_BxL, lengths_B, index_V, heads['w_KxDxD'].shape[0])
-  loss, metrics = objective.loss(heads, head_NxD, hidden, rows, valid, softcap)
-  run, counted = objective.accepted_run(metrics['correct_BxLxK'], lengths_B)
+@functools.partial(jax.jit, static_argnames=('objective',))
+def _eval_step(params, frozen, features_BxLxF, tokens_BxL, lengths_B, *, objective):
+  loss, metrics = objective.loss(params, frozen, features_BxLxF, tokens_BxL, lengths_B)
+  run, counted = medusa_objective.accepted_run(metrics['correct_BxLxK'], lengths_B)
   return loss, run, counted
 
 
-def evaluate(heads, target, target_params, head_NxD, index_V, tokens, lengths, batch: int
+def evaluate(objective, params, frozen, features, tokens, lengths, batch: int
              ) -> dict[str, float]:
   """Held-out loss and mean accepted tokens per call of a greedy chain (1 + mean run)."""
   losses, runs, counted = [], 0, 0
   for start in range(0, len(tokens) - batch + 1, batch):
-    loss, run, n = _eval_step(heads, target_params, head_NxD, index_V,
-                              tokens[start:start + batch], lengths[start:start + batch],
-                              target=target, softcap=target.config.final_logit_softcap)
+    part = slice(start, start + batch)
+    loss, run, n = _eval_step(params, frozen, features[part], tokens[part], lengths[part],
+                              objective=objective)
     losses.append(float(loss))
     runs, counted = runs + int(run), counted + int(n)
   return {'heldout_loss': float(np.mean(losses)) if losses else float('nan'),
@@ -227,7 +300,7 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   target, target_params, target_sha = load_target(cfg.target)
   vocab = target.config.vocab_size
   recipe = distill_data.Recipe(target=cfg.target, target_sha256=target_sha, **cfg.data)
-  data_dir = os.path.join(cfg.output_dir, 'data')
+  data_dir = cfg.data_dir or os.path.join(cfg.output_dir, 'data')
   distill_data.generate(target, target_params, recipe, data_dir)
   train_shards = range(recipe.num_shards - cfg.heldout_shards)
   tokens, lengths = distill_data.load(data_dir, train_shards)
@@ -236,11 +309,15 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
 
   vocab_ids = _draft_vocab(cfg, vocab)
   ids = None if vocab_ids is None else jnp.asarray(vocab_ids)
-  head_NxD = medusa.head_matrix(target_params, ids)
-  index_V = objective.draft_index(ids, vocab)
+  objective = make_objective(cfg, target.config)
+  frozen = objective.frozen(target_params, ids)
   tx = optimizer(cfg)
-  heads = medusa.init_heads(cfg.num_heads, target.config.embed_dim)
-  opt_state = tx.init(heads)
+  params = objective.init(jax.random.key(cfg.seed), target_params)
+  opt_state = tx.init(params)
+  features = target_features(target, target_params, tokens, objective.hidden_layers,
+                             cfg.batch_size, ' (training)')
+  held_features = target_features(target, target_params, held_tokens, objective.hidden_layers,
+                                  cfg.batch_size, ' (held out)')
 
   manager = ocp.CheckpointManager(
       os.path.abspath(os.path.join(cfg.output_dir, 'checkpoints')),
@@ -251,20 +328,19 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   if manager.latest_step() is not None:
     step = manager.latest_step()
     restored = manager.restore(step, args=ocp.args.StandardRestore(
-        {'heads': heads, 'opt_state': opt_state}))
-    heads, opt_state = restored['heads'], restored['opt_state']
+        {'heads': params, 'opt_state': opt_state}))
+    params, opt_state = restored['heads'], restored['opt_state']
     logging.info('resumed from the checkpoint of step %d', step)
   _metrics_file(metrics_path, step)
 
-  softcap = target.config.final_logit_softcap
   tokens_per_step = cfg.batch_size * tokens.shape[1]
   start, first = time.monotonic(), step
   with open(metrics_path, 'a', encoding='utf-8') as metrics_file:
     while step < cfg.steps:
       idx = batch_indices(cfg.seed, step, cfg.batch_size, len(tokens))
-      heads, opt_state, loss, accuracy_K = _train_step(
-          heads, opt_state, target_params, head_NxD, index_V, tokens[idx], lengths[idx],
-          target=target, tx=tx, softcap=softcap)
+      params, opt_state, loss, accuracy_K = _train_step(
+          params, opt_state, frozen, features[idx], tokens[idx], lengths[idx],
+          objective=objective, tx=tx)
       step += 1
       record = None
       if step % cfg.log_every == 0 or step == cfg.steps:
@@ -277,7 +353,7 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
         logging.info('step %d/%d  loss %.4f  head accuracy %s  %.0f tokens/s  ~%.0f s left',
                      step, cfg.steps, record['loss'], record['accuracy_K'], rate, left)
       if step % cfg.eval_every == 0 or step == cfg.steps:
-        figures = evaluate(heads, target, target_params, head_NxD, index_V, held_tokens,
+        figures = evaluate(objective, params, frozen, held_features, held_tokens,
                            held_lengths, cfg.batch_size)
         record = {**(record or {'step': step}), **figures}
         logging.info('step %d  held out: loss %.4f, mean accepted tokens %.3f', step,
@@ -285,18 +361,21 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
       if record:
         metrics_file.write(json.dumps(record) + '\n')
         metrics_file.flush()
-      manager.save(step, args=ocp.args.StandardSave({'heads': heads, 'opt_state': opt_state}),
+      manager.save(step, args=ocp.args.StandardSave({'heads': params, 'opt_state': opt_state}),
                    force=step == cfg.steps)
       if record and 'heldout_mean_accepted_tokens' in record:
         _plot(os.path.join(cfg.output_dir, 'curve.png'), metrics_path)
   manager.wait_until_finished()
   manager.close()
 
-  final = evaluate(heads, target, target_params, head_NxD, index_V, held_tokens, held_lengths,
-                   cfg.batch_size)
+  # The held-out figures are those of the weights as exported (rounded to export_dtype).
+  exported = jax.tree.map(lambda x: x.astype(cfg.export_dtype), params)
+  final = evaluate(objective, jax.tree.map(lambda x: x.astype(jnp.float32), exported), frozen,
+                   held_features, held_tokens, held_lengths, cfg.batch_size)
   drafter_io.save_drafter(
-      os.path.join(cfg.output_dir, 'drafter'), 'medusa', heads,
+      os.path.join(cfg.output_dir, 'drafter'), objective.kind, exported,
       target=drafter_io.target_signature(target.config, target_sha), vocab_ids_N=vocab_ids,
       provenance={'command': command or ' '.join(sys.argv), 'train_config': dataclasses.asdict(cfg),
-                  'data_recipe': dataclasses.asdict(recipe), 'steps': step, **final})
+                  'data_recipe': dataclasses.asdict(recipe), 'steps': step,
+                  'hidden_layers': list(objective.hidden_layers), **final})
   return final

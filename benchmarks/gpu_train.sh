@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One call on a lent GPU (the `device` tool's `run`; 10 minutes a call): trains Medusa heads for the
-# embedded Gemma 3 270M from configs/train_medusa.py, the same config CPU training uses, and brings
-# back the trained drafter, its metrics and its curve in $OUT.
+# One call on a lent GPU (the `device` tool's `run`; 10 minutes a call): trains a drafter for the
+# embedded Gemma 3 270M from configs/train_$DRAFTER.py (eagle by default, or medusa), the same config
+# CPU training uses, and brings back the trained drafter, its metrics and its curve in $OUT.
 #
-#   device run: bash benchmarks/gpu_train_medusa.sh [--config.key=value ...]
-#   a CPU dry run: SPECJAX_VENV=.venv ARG=:tiny OUT=/tmp/out bash benchmarks/gpu_train_medusa.sh
+#   device run: DRAFTER=eagle bash benchmarks/gpu_train.sh [--config.key=value ...]
+#   a CPU dry run: SPECJAX_VENV=.venv ARG=:tiny OUT=/tmp/out bash benchmarks/gpu_train.sh
 #
 # A fresh machine is bare: the first step installs specjax with the CUDA wheels (`.[cuda]`). Training
 # stops at TRAIN_S seconds (default 420, so the call ends inside its limit) and keeps its Orbax
@@ -13,7 +13,8 @@
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder that comes back}
 ARG=${ARG:-}
-RUN_DIR=results/train_medusa-gpu${ARG//[:,=]/_}
+DRAFTER=${DRAFTER:-eagle}
+RUN_DIR=results/train_${DRAFTER}-gpu${ARG//[:,=]/_}
 VENV=${SPECJAX_VENV:-}
 if [ -z "$VENV" ]; then
   VENV=.venv-gpu
@@ -21,7 +22,7 @@ if [ -z "$VENV" ]; then
 fi
 export PYTHONUNBUFFERED=1
 "$VENV/bin/python" -c 'import jax; print("devices:", jax.devices())' | tee "$OUT/devices.txt"
-timeout "${TRAIN_S:-420}" "$VENV/bin/python" -m specjax.train --config="configs/train_medusa.py$ARG" \
+timeout "${TRAIN_S:-420}" "$VENV/bin/python" -m specjax.train --config="configs/train_${DRAFTER}.py$ARG" \
   --config.output_dir="$RUN_DIR" "$@" 2>&1 | grep -v orbax | tee "$OUT/train.log"
 status=${PIPESTATUS[0]}
 echo "train exit status: $status" | tee -a "$OUT/train.log"

@@ -1,0 +1,60 @@
+r"""An EAGLE-3-style drafter for the embedded Gemma 3 270M, trained on its own text.
+
+  python -m specjax.train --config=configs/train_eagle.py
+  python -m specjax.train --config=configs/train_eagle.py:tiny   # seconds; what CI runs
+
+One decoder layer over the target's residual stream at layers 2, 9 and 15
+(EAGLE-3's low, middle and high), fused, and the next token's embedding;
+scored through the target's tied head on the shipped 16k draft vocabulary,
+with EAGLE-3's training-time test over `eagle.steps` drafts
+(specjax/training/eagle_objective.py). The data is the self-distilled set
+configs/train_medusa.py makes (the same recipe and directory, so whichever
+runs first writes it): the target's own text from BOS, no Spec-Bench prompt.
+Rerun the command to resume a killed run.
+"""
+
+import ml_collections
+
+VARIANTS = {
+    # A random tiny target: checks the whole recipe end to end in seconds.
+    'tiny': dict(target='tiny-random', draft_vocab='', batch_size=4, steps=12, warmup_steps=2,
+                 checkpoint_every=4, eval_every=6, log_every=2,
+                 eagle=dict(steps=3, mlp_width=32, hidden_layers=()),
+                 data=dict(num_shards=3, sequences_per_shard=8, seq_len=24, start_tokens=4,
+                           sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=(1,)),
+                 data_dir='', output_dir='results/train_eagle-tiny'),
+}
+
+
+def get_config(arg=None):
+  c = ml_collections.ConfigDict()
+  c.target = 'embedded:gemma3-270m'   # the frozen target it drafts for
+  c.drafter = 'eagle'
+  # steps: drafts ahead the training-time test scores (the chain length it learns);
+  # hidden_layers: () = EAGLE-3's low / middle / high layers of the target.
+  c.eagle = dict(steps=4, mlp_width=1024, hidden_layers=())
+  c.draft_vocab = 'embedded'          # the ranked file shipped for the embedded 270M
+  c.draft_vocab_size = 16384          # its first N (most frequent) tokens
+  c.data = dict(num_shards=34, sequences_per_shard=32, seq_len=128, start_tokens=8,
+                sampled_fraction=0.25, seed=0, bos_id=2, eos_ids=(1, 106))
+  c.data_dir = 'results/distill-gemma3-270m'   # shared with configs/train_medusa.py
+  c.heldout_shards = 2
+  c.batch_size = 8
+  c.steps = 800
+  c.learning_rate = 1e-3              # AdamW, linear warm-up then cosine decay
+  c.warmup_steps = 50
+  c.final_learning_rate = 1e-4
+  c.weight_decay = 0.0
+  c.clip_norm = 1.0
+  c.checkpoint_every = 100            # Orbax checkpoints of the layer and optimizer state
+  c.keep = 3
+  c.eval_every = 200                  # held-out mean accepted tokens, and curve.png
+  c.log_every = 25
+  c.seed = 0
+  c.export_dtype = 'bfloat16'         # the shipped weights: 11.7 MB instead of 23 MB
+  c.output_dir = 'results/train_eagle'
+  if arg:
+    if arg not in VARIANTS:
+      raise ValueError(f'unknown config variant {arg!r}; known: {", ".join(VARIANTS)}')
+    c.update(VARIANTS[arg])
+  return c

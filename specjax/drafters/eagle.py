@@ -1,0 +1,150 @@
+"""EAGLE-3-style drafting: an autoregressive head in the target's feature space.
+
+The network (`eagle_net.py`) is one decoder layer over the fused target
+features and the next token's embedding. In decoding:
+
+- `init` runs the layer over the prompt: chain position t reads the fused
+  target feature at t and the token at t + 1 (the last one is the pending
+  token the prefill chose), filling the drafter's own KV cache;
+- `update`, after every target call, reruns it over the call's positions
+  (the pending token and the drafts) with the target's real features, so
+  every cache slot below the new pending token holds keys made from the
+  target's features, whatever the drafts had written there;
+- `propose` drafts: draft 1 from the output at the position before the
+  pending token, then each further draft from the layer's own previous
+  output and the draft before it, one position at a time.
+
+The state keeps the output that drafts next (`out_BxD`) and the cache. It
+reads the target's embedding and no other target weight (`reads_target_params`);
+its head is the target's tied table restricted to the draft vocabulary,
+gathered once. Trained by `python -m specjax.train --config=configs/train_eagle.py`.
+
+Shapes: B batch, S slots, T positions, L fused layers, D width, G gamma,
+N draft vocabulary, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import sampling as sampling_lib
+from specjax.drafters import base
+from specjax.drafters import confidence
+from specjax.drafters import draft_vocab
+from specjax.drafters import eagle_net
+from specjax.models.language_model import LanguageModel
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """checkpoint: a trained drafter (a directory `specjax.train` wrote, or 'embedded' for
+    the one shipped for the embedded 270M); '' is refused: an untrained EAGLE drafts noise.
+  min_confidence: drafts less likely than this under the drafter end the evidence."""
+
+  checkpoint: str = 'embedded'
+  min_confidence: float = 0.0
+
+  def __post_init__(self):
+    if not 0.0 <= self.min_confidence < 1.0:
+      raise ValueError(f'min_confidence must be in [0, 1), got {self.min_confidence}')
+
+
+def _at(x_BxTxD: Array, index_B: Array) -> Array:
+  rows = jnp.arange(x_BxTxD.shape[0])
+  return x_BxTxD[rows, jnp.clip(index_B, 0, x_BxTxD.shape[1] - 1)]
+
+
+def _next_tokens(tokens_BxS: Array, positions_BxT: Array) -> Array:
+  """The token after each chain position (x_{t+1}); past the buffer, token 0 (masked later)."""
+  s = tokens_BxS.shape[1]
+  nxt = positions_BxT + 1
+  return jnp.where(nxt < s, jnp.take_along_axis(tokens_BxS, jnp.clip(nxt, 0, s - 1), axis=1), 0)
+
+
+def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, ...],
+         settings: Settings = Settings(), vocab_ids_N: np.ndarray | None = None,
+         target_params=None) -> base.Drafter:
+  """The drafter for trained `net` weights reading the target's `hidden_layers`."""
+  cfg = target.config
+  hidden_layers = tuple(int(i) for i in hidden_layers)
+  eagle_net.check_shapes(net, cfg, len(hidden_layers))
+  bad = [i for i in hidden_layers if not 0 <= i < cfg.num_layers]
+  if bad:
+    raise ValueError(f'eagle reads target layers {bad}, but the target has {cfg.num_layers}')
+  if target_params is None:
+    raise ValueError('the eagle drafter needs the target params to gather its head from')
+  ids = None
+  if vocab_ids_N is not None:
+    ids = np.asarray(vocab_ids_N, np.int32)
+    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= cfg.vocab_size:
+      raise ValueError(f'eagle draft vocabulary must be ids in [0, {cfg.vocab_size}), '
+                       f'got shape {ids.shape}')
+  params = {'net': jax.tree.map(jnp.asarray, dict(net)),
+            'ids_N': None if ids is None else jnp.asarray(ids),
+            'head_NxD': None if ids is None
+                        else draft_vocab.reduced_head(target_params['embedding_VxD'],
+                                                      jnp.asarray(ids))}
+  geo = eagle_net.Geometry.of(net, cfg.rms_norm_eps)
+
+  def catch_up(params, target_params, cache, view: base.TargetView, last_B, key_slots=None):
+    """Runs the layer over the call's positions with the target's fused features."""
+    hidden_BxTxD = eagle_net.fuse(params['net'], view.layer_hidden_LxBxTxD)
+    tokens_BxT = _next_tokens(view.tokens_BxS, view.positions_BxT)
+    embedded = eagle_net.embed(target_params['embedding_VxD'], tokens_BxT)
+    out_BxTxD, cache = eagle_net.step(params['net'], geo, hidden_BxTxD, embedded,
+                                      view.positions_BxT, cache, key_slots)
+    return {'out_BxD': _at(out_BxTxD, last_B), 'cache': cache}
+
+  def init(*, params, target: base.TargetView, target_params):
+    batch, slots = target.tokens_BxS.shape
+    cache = eagle_net.init_cache(geo, batch, slots + 2)
+    # The pending token is at lengths - 1; the output that drafts next is at lengths - 2.
+    # Prefill positions are 0 .. P-1: their keys are the cache's first P slots.
+    return catch_up(params, target_params, cache, target, target.lengths_B - 2,
+                    key_slots=target.positions_BxT.shape[1])
+
+  def update(*, params, state, target: base.TargetView, target_params):
+    last_B = target.lengths_B - 2 - target.positions_BxT[:, 0]
+    return catch_up(params, target_params, state['cache'], target, last_B)
+
+  def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None,
+              target_params):
+    del tokens_BxS, shared
+    ids_N = params['ids_N']
+    out_BxD, cache = state['out_BxD'], state['cache']
+    drafts, qs, probs = [], [], []
+    for k in range(gamma):
+      if k > 0:   # the layer at the previous draft's position, on its own last output
+        position_Bx1 = (lengths_B - 2 + k)[:, None]
+        embedded = eagle_net.embed(target_params['embedding_VxD'], drafts[-1][:, None])
+        out_Bx1xD, cache = eagle_net.step(params['net'], geo, out_BxD[:, None], embedded,
+                                          position_Bx1, cache)
+        out_BxD = out_Bx1xD[:, 0]
+      head_NxD = (target_params['embedding_VxD'] if params['head_NxD'] is None
+                  else params['head_NxD'])
+      logits_BxN = eagle_net.logits(params['net'], head_NxD, out_BxD[:, None], cfg, geo.eps)[:, 0]
+      step_keys = sampling_lib.step_keys(keys_B, k)
+      if ids_N is None:
+        token_B, q_BxV = sampling_lib.draw(step_keys, logits_BxN, sampling)
+        index_B = token_B
+      else:
+        token_B, index_B, q_BxV = draft_vocab.draw(step_keys, logits_BxN, ids_N, cfg.vocab_size,
+                                                   sampling)
+      probs.append(confidence.draft_probability(logits_BxN, index_B))
+      drafts.append(token_B.astype(jnp.int32))
+      if q_BxV is not None:
+        qs.append(q_BxV)
+    num_drafts_B = confidence.confident_prefix(jnp.stack(probs, axis=1), settings.min_confidence)
+    return base.Proposal(jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1) if qs else None,
+                         num_drafts_B, {'out_BxD': state['out_BxD'], 'cache': cache})
+
+  return base.Drafter(name='eagle', vocab_size=cfg.vocab_size, init=init, update=update,
+                      propose=propose, params=params, hidden_layers=hidden_layers,
+                      reads_target_params=True)

@@ -1,0 +1,206 @@
+"""The EAGLE drafter: its training-time test is what drafting computes, its drafts come
+from the features and cache they should, greedy parity, exact sampling, bad weights.
+
+Weights are random (scaled up so that drafts vary), so these tests check the
+plumbing, not quality; test_training trains one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.decoding import draft_length
+from specjax.decoding import speculative
+from specjax.drafters import base
+from specjax.drafters import eagle
+from specjax.drafters import eagle_net
+from specjax.models.config import tiny_config
+
+import test_acceptance as acc
+import toy_models
+from test_speculative import MAX_NEW, PADDED, PROMPTS, TARGET, TARGET_PARAMS
+from test_speculative import eos_id, greedy_reference, spec_generate
+
+CFG = TARGET.config
+LAYERS = eagle_net.default_layers(CFG.num_layers)
+SUBSET = np.arange(0, CFG.vocab_size, 2, dtype=np.int32)
+
+
+def random_net(config, num_fused, seed, scale=1.0, params=None):
+  net = eagle_net.init_params(config, num_fused, 48, jax.random.key(seed),
+                              None if params is None else params['final_norm']['scale'])
+  # Larger output projections than the near-identity initialisation: drafts that vary.
+  return {k: v * scale if k in ('o_DxHE', 'down_DxF') else v for k, v in net.items()}
+
+
+NET = random_net(CFG, len(LAYERS), seed=0, scale=10.0, params=TARGET_PARAMS)
+
+
+def target_layers(tokens_BxL):
+  """The target's residual stream at LAYERS over whole sequences: [L, B, T, D]."""
+  b, length = tokens_BxL.shape
+  positions = jnp.broadcast_to(jnp.arange(length), (b, length))
+  out = TARGET.forward(TARGET_PARAMS, tokens_BxL, positions, TARGET.init_cache(b, length + 2),
+                       hidden_layers=LAYERS)
+  return out.layer_hidden_LxBxTxD
+
+
+# ----------------------------------------------- training-time test == drafting
+
+def test_the_training_time_test_computes_what_drafting_does():
+  """unrolled(...)'s step j at chain t equals running the layer over positions 0..t with
+  the target's features (one call, as init does), then j - 1 single-position steps on its
+  own outputs through the cache, as propose does."""
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(3, CFG.vocab_size, size=(2, 14)), jnp.int32)
+  geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps)
+  first = eagle_net.fuse(NET, target_layers(tokens))
+  embedded = jnp.roll(eagle_net.embed(TARGET_PARAMS['embedding_VxD'], tokens), -1, axis=1)
+  steps = 4
+  outs = eagle_net.unrolled(NET, geo, first, embedded, steps)
+  for t in (0, 5, 9):
+    cache = eagle_net.init_cache(geo, 2, 20)
+    positions = jnp.broadcast_to(jnp.arange(t + 1), (2, t + 1))
+    out, cache = eagle_net.step(NET, geo, first[:, :t + 1], embedded[:, :t + 1], positions, cache)
+    o = out[:, t]
+    np.testing.assert_allclose(o, outs[0][:, t], rtol=1e-4, atol=1e-4)
+    for j in range(1, steps):
+      out, cache = eagle_net.step(NET, geo, o[:, None], embedded[:, t + j][:, None],
+                                  jnp.full((2, 1), t + j), cache)
+      o = out[:, 0]
+      np.testing.assert_allclose(o, outs[j][:, t], rtol=1e-4, atol=1e-4, err_msg=f't={t} j={j}')
+  # A step that ignored its own chain's earlier keys would differ: the check has teeth.
+  assert not np.allclose(outs[2][:, 9], outs[1][:, 9], atol=1e-3)
+
+
+def _recording(drafter: base.Drafter):
+  seen = []
+
+  def propose(**kwargs):
+    proposal = drafter.propose(**kwargs)
+    jax.debug.callback(lambda *a: seen.append([np.asarray(x) for x in a]), proposal.draft_BxG,
+                       kwargs['tokens_BxS'], kwargs['lengths_B'])
+    return proposal
+
+  return dataclasses.replace(drafter, propose=propose), seen
+
+
+@pytest.mark.parametrize('adaptive', [False, True], ids=['fixed', 'adaptive'])
+def test_every_draft_comes_from_the_target_features_of_the_committed_context(adaptive):
+  """After prefill, verify calls with any accepted count and plain steps, each greedy
+  draft is the argmax of the training-time test run on a full forward of the committed
+  context plus the drafts before it: init and update index the right positions."""
+  drafter, seen = _recording(eagle.make(TARGET, NET, LAYERS, target_params=TARGET_PARAMS))
+  gamma = 3
+  out = spec_generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
+                      max_new_tokens=MAX_NEW, eos_ids=(eos_id(),), adaptive=adaptive)
+  assert out.new_tokens == greedy_reference()
+  final_B = np.array([len(p) + len(new) for p, new in zip(PROMPTS, out.new_tokens)])
+  geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps)
+  checked = 0
+  for draft_BxG, tokens_BxS, lengths_B in seen[:12]:   # prefill, then verify and plain calls
+    for b in np.flatnonzero(lengths_B < final_B):
+      n = int(lengths_B[b])
+      seq = jnp.asarray(list(tokens_BxS[b, :n]) + list(draft_BxG[b]), jnp.int32)[None]
+      first = eagle_net.fuse(NET, target_layers(seq))
+      embedded = jnp.roll(eagle_net.embed(TARGET_PARAMS['embedding_VxD'], seq), -1, axis=1)
+      outs = eagle_net.unrolled(NET, geo, first, embedded, gamma)
+      for j in range(gamma):
+        logits = np.asarray(eagle_net.logits(NET, TARGET_PARAMS['embedding_VxD'],
+                                             outs[j][:, n - 2:n - 1], CFG))[0, 0]
+        assert logits[draft_BxG[b, j]] >= logits.max() - 1e-3, (n, j)
+      checked += 1
+  assert checked >= 10
+
+
+# ------------------------------------------------------------ greedy parity
+
+@pytest.mark.parametrize('vocab_ids', [None, SUBSET], ids=['full', 'reduced'])
+@pytest.mark.parametrize('gamma', [1, 4])
+def test_greedy_eagle_equals_greedy_autoregressive(gamma, vocab_ids):
+  drafter = eagle.make(TARGET, NET, LAYERS, vocab_ids_N=vocab_ids, target_params=TARGET_PARAMS)
+  out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
+                             max_new_tokens=MAX_NEW, eos_ids=(eos_id(),),
+                             policy=draft_length.fixed(gamma))
+  assert out.new_tokens == greedy_reference()
+  alone = speculative.generate(PADDED, TARGET_PARAMS, drafter, [PROMPTS[2]], gamma=gamma,
+                               max_new_tokens=MAX_NEW, eos_ids=(eos_id(),),
+                               policy=draft_length.fixed(gamma))
+  assert alone.new_tokens == [greedy_reference()[2]]
+
+
+# -------------------------------------------------- exact sampling (chi-square)
+
+D = 4
+# One narrow head: the drafter's own cache is batch x slots x heads x head_dim, and the
+# chi-square runs 131,072 rows.
+TOY = toy_models.HiddenBigram(tiny_config(vocab_size=acc.V, embed_dim=D, num_heads=1,
+                                          num_kv_heads=1, head_dim=4))
+_rng = np.random.default_rng(5)
+TOY_PARAMS = {'hidden_VxD': jnp.asarray(_rng.normal(size=(acc.V, D)), jnp.float32),
+              'embedding_VxD': jnp.asarray(_rng.normal(size=(acc.V, D)) * 0.8, jnp.float32),
+              'final_norm': {'scale': jnp.ones((D,), jnp.float32)}}
+TOY_TABLE = np.asarray(TOY_PARAMS['hidden_VxD'] @ TOY_PARAMS['embedding_VxD'].T)
+TOY_LAYERS = (0, 2)
+TOY_NET = random_net(TOY.config, len(TOY_LAYERS), seed=1, scale=3.0)
+
+
+def _sample(drafter, cfg, gamma, seed):
+  out = speculative.generate(TOY, TOY_PARAMS, drafter, [acc.PROMPT] * acc.NUM_SAMPLES,
+                             gamma=gamma, policy=draft_length.fixed(gamma),
+                             max_new_tokens=acc.NUM_NEW, sampling=cfg, seed=seed)
+  probs = acc.exact_sequence_probs(TOY_TABLE, acc.PROMPT[-1], cfg, acc.NUM_NEW)
+  counts = acc.sequence_counts(out.new_tokens, acc.NUM_NEW)
+  p_values = []
+  for k in range(1, acc.NUM_NEW + 1):
+    p_value, impossible = acc.chi_square(counts.reshape(acc.V ** k, -1).sum(1),
+                                         probs.reshape(acc.V ** k, -1).sum(1))
+    assert impossible == 0
+    p_values.append(p_value)
+  rate = np.sum(out.accepted_tokens) / np.sum(out.drafted_tokens)
+  return min(1.0, acc.NUM_NEW * min(p_values)), rate
+
+
+@pytest.mark.parametrize('config,vocab_ids', [
+    ('t1', None),
+    ('t1', np.array([0, 2, 3, 5], np.int32)),   # q is zero outside the draft vocabulary
+])   # top-p and top-k draws are the shared sampling code's, tested with medusa and ngram
+def test_eagle_sampling_is_exact(config, vocab_ids):
+  drafter = eagle.make(TOY, TOY_NET, TOY_LAYERS, vocab_ids_N=vocab_ids, target_params=TOY_PARAMS)
+  p_value, rate = _sample(drafter, acc.CONFIGS[config], gamma=3, seed=7)
+  assert p_value > acc.P_VALUE_OK, p_value
+  assert 0.03 < rate < 0.95, rate   # neither always right nor always wrong
+
+
+def test_eagle_distribution_test_rejects_a_misaligned_q():
+  drafter = eagle.make(TOY, TOY_NET, TOY_LAYERS, target_params=TOY_PARAMS)
+
+  def propose(**kwargs):
+    proposal = drafter.propose(**kwargs)
+    return proposal.replace(q_BxGxV=jnp.roll(proposal.q_BxGxV, 1, axis=1))
+
+  p_value, _ = _sample(dataclasses.replace(drafter, propose=propose), acc.CONFIGS['t1'],
+                       gamma=3, seed=7)
+  assert p_value < acc.P_VALUE_WRONG, p_value
+
+
+# ------------------------------------------------------------------ bad input
+
+def test_weights_for_another_target_or_bad_layers_are_errors():
+  other = random_net(dataclasses.replace(CFG, embed_dim=16), len(LAYERS), seed=0)
+  with pytest.raises(ValueError, match='eagle weights do not fit this target.*fuse_DxLD'):
+    eagle.make(TARGET, other, LAYERS, target_params=TARGET_PARAMS)
+  with pytest.raises(ValueError, match='eagle weights do not fit this target'):
+    eagle.make(TARGET, NET, LAYERS[:1], target_params=TARGET_PARAMS)   # 1 layer, weights for 2
+  with pytest.raises(ValueError, match=r'reads target layers \[9\]'):
+    eagle.make(TARGET, NET, (0, 9), target_params=TARGET_PARAMS)
+  with pytest.raises(ValueError, match='needs the target params'):
+    eagle.make(TARGET, NET, LAYERS)
+  with pytest.raises(ValueError, match='draft vocabulary must be ids'):
+    eagle.make(TARGET, NET, LAYERS, vocab_ids_N=np.array([CFG.vocab_size]),
+               target_params=TARGET_PARAMS)

@@ -108,13 +108,16 @@ def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
   return float(scipy.stats.chisquare(obs, exp).pvalue), impossible
 
 
-def check_exact(new_tokens, cfg: SamplingConfig, *, last_token: int = PROMPT[-1]):
-  """(p-value, samples on impossible sequences) against the exact distribution.
+def check_exact(new_tokens, cfg: SamplingConfig, *, last_token: int = PROMPT[-1],
+                table: np.ndarray | None = None):
+  """(p-value, samples on impossible sequences) against the exact distribution of the
+  bigram `table` (default: this file's target).
 
   Chi-square on the first k tokens for every k (few cells see a small local
   difference, all cells see the whole joint), Bonferroni-corrected.
   """
-  probs = exact_sequence_probs(TARGET_TABLE, last_token, cfg, NUM_NEW)
+  probs = exact_sequence_probs(TARGET_TABLE if table is None else table, last_token, cfg,
+                               NUM_NEW)
   counts = sequence_counts(new_tokens, NUM_NEW)
   p_values, impossible = [], 0
   for k in range(1, NUM_NEW + 1):

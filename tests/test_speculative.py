@@ -417,9 +417,9 @@ def test_draft_model_with_another_vocabulary():
 
 
 def test_unknown_drafter_name():
-  with pytest.raises(ValueError, match=r"unknown drafter 'eagle'; known drafters: ngram, "
-                                       r'draft_model, early_exit, layer_skip, medusa'):
-    make_drafter('eagle', target=COUNT_TOY)
+  with pytest.raises(ValueError, match=r"unknown drafter 'hydra'; known drafters: ngram, "
+                                       r'draft_model, early_exit, layer_skip, medusa, eagle'):
+    make_drafter('hydra', target=COUNT_TOY)
 
 
 def test_draft_model_drafter_needs_a_model():

@@ -85,7 +85,7 @@ def test_gemma_sweep_cells_are_valid_and_distinct(tmp_path):
 
 
 @pytest.mark.parametrize('sweep, message', [
-    ([dict(drafters=('eagle',))], "unknown drafter 'eagle'"),
+    ([dict(drafters=('hydra',))], "unknown drafter 'hydra'"),
     ([dict(gamma=2), dict(gama=3)], "sweep cell 2: unknown config key 'gama'"),
     ([dict(ngram={'max_m': 3})], "unknown config key 'ngram.max_m'; known there: max_n, min_n"),
     ([dict(gamma=0)], 'config.gamma is 0: must be >= 1'),
@@ -111,14 +111,14 @@ def test_a_sweep_file_with_an_unknown_drafter_fails_plainly(tmp_path):
       'gemma = importlib.util.module_from_spec(spec); spec.loader.exec_module(gemma)\n'
       'get_config = gemma.get_config\n'
       'def get_sweep(arg=None):\n'
-      '  return [dict(drafters=("ngram",)), dict(drafters=("eagle",))]\n')
+      '  return [dict(drafters=("ngram",)), dict(drafters=("hydra",))]\n')
   result = subprocess.run(
       [sys.executable, '-m', 'specjax.sweep', f'--config={config_file}',
        f'--config.output_dir={tmp_path / "out"}'],
       capture_output=True, text=True, cwd=ROOT, timeout=300,
       env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'SPECJAX_CACHE_DIR': str(tmp_path / 'cache')})
   assert result.returncode != 0
-  assert "sweep cell 2 (drafters=eagle): config.drafters holds unknown drafter 'eagle'" in (
+  assert "sweep cell 2 (drafters=hydra): config.drafters holds unknown drafter 'hydra'" in (
       result.stderr)
   assert 'Traceback' not in result.stderr
   assert not (tmp_path / 'out').exists()

@@ -151,15 +151,17 @@ def head_logits(head_NxD: Array, hidden_BxD: Array, config: GemmaConfig) -> Arra
   return gemma.softcap_logits(logits_BxN, config)
 
 
-def draw(keys_B: Array, logits_BxN: Array, ids_N: Array, vocab_size: int,
+def draw(keys_B: Array, logits_BxN: Array, ids_N: Array | None, vocab_size: int,
          sampling: sampling_lib.SamplingConfig) -> tuple[Array, Array, Array | None]:
   """(draft ids in the full vocabulary, their subset indices, q over V or None).
 
   The draw (temperature, top-k, top-p) is over the subset; q is that
   distribution scattered into V, zero elsewhere: exactly what the draft was
-  drawn from.
+  drawn from. `ids_N` None is the full vocabulary (index = id, q as drawn).
   """
   index_B, q_BxN = sampling_lib.draw(keys_B, logits_BxN, sampling)
+  if ids_N is None:
+    return index_B, index_B, q_BxN
   token_B = jnp.take(ids_N, index_B)
   if q_BxN is None:
     return token_B, index_B, None

@@ -131,12 +131,8 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
                   else params['head_NxD'])
       logits_BxN = eagle_net.logits(params['net'], head_NxD, out_BxD[:, None], cfg, geo.eps)[:, 0]
       step_keys = sampling_lib.step_keys(keys_B, k)
-      if ids_N is None:
-        token_B, q_BxV = sampling_lib.draw(step_keys, logits_BxN, sampling)
-        index_B = token_B
-      else:
-        token_B, index_B, q_BxV = draft_vocab.draw(step_keys, logits_BxN, ids_N, cfg.vocab_size,
-                                                   sampling)
+      token_B, index_B, q_BxV = draft_vocab.draw(step_keys, logits_BxN, ids_N, cfg.vocab_size,
+                                                 sampling)
       probs.append(confidence.draft_probability(logits_BxN, index_B))
       drafts.append(token_B.astype(jnp.int32))
       if q_BxV is not None:

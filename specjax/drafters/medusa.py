@@ -142,12 +142,9 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
     ids_N = params['vocab_ids_N']
     for k in range(gamma):
       keys = sampling_lib.step_keys(keys_B, k)
-      if ids_N is None:
-        token_B, q_BxV = sampling_lib.draw(keys, logits_BxKxN[:, k], sampling)
-        index_B = token_B
-      else:   # q over the subset, scattered into V (zero elsewhere)
-        token_B, index_B, q_BxV = draft_vocab.draw(keys, logits_BxKxN[:, k], ids_N,
-                                                   cfg.vocab_size, sampling)
+      # With a draft vocabulary, q is over the subset, scattered into V (zero elsewhere).
+      token_B, index_B, q_BxV = draft_vocab.draw(keys, logits_BxKxN[:, k], ids_N,
+                                                 cfg.vocab_size, sampling)
       probs.append(confidence.draft_probability(logits_BxKxN[:, k], index_B))
       drafts.append(token_B)
       if q_BxV is not None:

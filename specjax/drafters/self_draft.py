@@ -68,12 +68,8 @@ def make(target: LanguageModel, *, name: str, num_layers: int | None = None,
                            logits=params is None)
       logits_BxN, ids_N = step_logits(params, out)
       keys = sampling_lib.step_keys(keys_B, i)
-      if ids_N is None:
-        new_B, q_BxV = sampling_lib.draw(keys, logits_BxN, sampling)
-        index_B = new_B
-      else:
-        new_B, index_B, q_BxV = draft_vocab_lib.draw(keys, logits_BxN, ids_N, config.vocab_size,
-                                                     sampling)
+      new_B, index_B, q_BxV = draft_vocab_lib.draw(keys, logits_BxN, ids_N, config.vocab_size,
+                                                   sampling)
       prob_B = confidence.draft_probability(logits_BxN, index_B)
       return (out.cache, new_B), (new_B, q_BxV, prob_B)
 

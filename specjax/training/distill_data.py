@@ -14,8 +14,9 @@ finished shards and writes the missing ones, so the data never holds a
 duplicate or a gap. A shard is `shard_00000.npz` (tokens_NxL int32, lengths_N)
 plus `shard_00000.json` (its provenance), each written to a temporary name and
 renamed, the JSON last: a shard counts as finished only when both exist.
-Features are not stored: training recomputes them with one teacher-forced
-target pass per batch, which costs less than reading 640 floats per token.
+Features are not stored: they depend on which layers a drafter reads, and the
+trainer computes them in one teacher-forced target pass per run (minutes for
+this data on 2 CPU cores), holding them in memory.
 """
 
 from __future__ import annotations

@@ -215,16 +215,16 @@ def main(argv):
   if 'acceptance' in SECTIONS.value:
     print('\n'.join(lines), '\n', flush=True)
 
-  # Batch 1 speed, adaptive draft length with measured verify costs.
+  # Batch 1 speed, adaptive draft length with measured step costs (drafting included).
   costs = {}
 
-  def policy(packed):
-    slots = packed.num_slots
-    if slots not in costs:
+  def policy(drafter, packed):
+    key = (drafter.name, packed.num_slots)
+    if key not in costs:
       buckets = draft_length.default_buckets(GAMMA.value)
-      costs[slots] = (buckets, step_costs.measure(model, params, buckets, batch=1,
-                                                  num_slots=slots))
-    buckets, c = costs[slots]
+      costs[key] = (buckets, step_costs.measure(model, params, buckets, batch=1,
+                                                num_slots=packed.num_slots, drafter=drafter))
+    buckets, c = costs[key]
     return speculative.make_policy(GAMMA.value, 1, buckets=buckets, costs=c)
 
   base_tps = collections.defaultdict(list)
@@ -242,7 +242,7 @@ def main(argv):
     for p, prompt, rid, base in zip(chosen, ids, row_ids, outputs):
       packed = program.pack(model, [prompt], max_new_tokens=MAX_NEW.value,
                             extra_slots=GAMMA.value + 1, row_ids=[rid])
-      pol = policy(packed)
+      pol = policy(drafter, packed)
       call = lambda: speculative.generate(model, params, drafter, packed,  # noqa: E731,B023
                                           gamma=GAMMA.value, max_new_tokens=MAX_NEW.value,
                                           eos_ids=eos, policy=pol)  # noqa: B023

@@ -154,12 +154,19 @@ NGRAM = make_drafter('ngram', target=TOY)
 ARGMAX = toy_models.argmax_table_drafter(DRAFT_TABLE)
 
 
+# Per extra position: 'cheap' calls make a free drafter's width follow its evidence;
+# 'dear' ones make a costly drafter's width, chosen before it drafts, follow the
+# batch's acceptance history (drafting pays near the prior's 0.5, not much below).
+ADAPTIVE_COSTS = {'cheap': 0.01, 'dear': 0.27}
+
+
 def run_speculative(drafter, cfg, gamma, *, prompt=PROMPT, seed=0, adaptive=False):
-  """Fixed gamma, or the adaptive policy with cheap calls: rows then verify 0, about
-  gamma / 2 or gamma drafts by their evidence and acceptance history."""
+  """Fixed gamma, or the adaptive policy (`ADAPTIVE_COSTS`): rows then verify 0,
+  about gamma / 2 or gamma drafts by their evidence and acceptance history."""
   if adaptive:
     buckets = draft_length.default_buckets(gamma)
-    policy = draft_length.Policy(buckets, tuple(1.0 + 0.01 * n for n in buckets))
+    per = ADAPTIVE_COSTS[adaptive]
+    policy = draft_length.Policy(buckets, tuple(1.0 + per * n for n in buckets))
   else:
     policy = draft_length.fixed(gamma)
   out = speculative.generate(TOY, TARGET_TABLE, drafter, [prompt] * NUM_SAMPLES, gamma=gamma,
@@ -185,9 +192,9 @@ def test_autoregressive_sampler_is_exact(config):
     ('ngram', 't1', 3, False),         # deterministic drafter: one-hot q
     ('argmax', 'topk_topp_t08', 2, False),
     # Adaptive draft length: rows verify 0 (a plain step), 2 or 3 / 4 drafts.
-    ('draft_model', 't1', 3, True),
-    ('ngram', 't1', 4, True),
-    ('draft_model', 'topp', 4, True),
+    ('draft_model', 't1', 3, 'dear'),
+    ('ngram', 't1', 4, 'cheap'),
+    ('draft_model', 'topp', 4, 'dear'),
 ])
 def test_speculative_sampling_is_exact(drafter_name, config, gamma, adaptive):
   cfg = CONFIGS[config]
@@ -200,6 +207,9 @@ def test_speculative_sampling_is_exact(drafter_name, config, gamma, adaptive):
   # The drafter must be neither always right nor always wrong, or the test is weak.
   rate = np.sum(out.accepted_tokens) / np.sum(out.drafted_tokens)
   assert 0.03 < rate < 0.95, rate
+  if adaptive:   # plain steps and verify calls both happen
+    plain = np.sum(out.plain_calls) / np.sum(np.asarray(out.target_calls) - 1)
+    assert 0.02 < plain < 0.98, plain
 
 
 # Deliberately wrong rules: modified copies of acceptance.speculative_sampling.

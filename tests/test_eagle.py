@@ -17,6 +17,7 @@ import pytest
 
 from specjax.decoding import draft_length
 from specjax.decoding import speculative
+from specjax.decoding import tree as tree_lib
 from specjax.drafters import base
 from specjax.drafters import eagle
 from specjax.drafters import eagle_net
@@ -25,7 +26,7 @@ from specjax.models.config import tiny_config
 import test_acceptance as acc
 import toy_models
 from test_speculative import MAX_NEW, PADDED, PROMPTS, TARGET, TARGET_PARAMS
-from test_speculative import eos_id, greedy_reference, spec_generate
+from test_speculative import check_greedy_tree, eos_id, greedy_reference, spec_generate
 
 CFG = TARGET.config
 LAYERS = eagle_net.default_layers(CFG.num_layers)
@@ -115,6 +116,8 @@ def test_every_draft_comes_from_the_target_features_of_the_committed_context(ada
   out = spec_generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
                       max_new_tokens=MAX_NEW, eos_ids=(eos_id(),), adaptive=adaptive)
   assert out.new_tokens == greedy_reference()
+  if adaptive:   # plain steps happen, and the drafts after them are checked too
+    assert sum(out.plain_calls) > 0
   final_B = np.array([len(p) + len(new) for p, new in zip(PROMPTS, out.new_tokens)])
   checked = 0
   for draft_BxG, tokens_BxS, lengths_B in seen[:12]:   # prefill, then verify and plain calls
@@ -123,7 +126,7 @@ def test_every_draft_comes_from_the_target_features_of_the_committed_context(ada
       seq = list(tokens_BxS[b, :n]) + list(draft_BxG[b])
       seq = jnp.asarray(seq + [0] * (REPLAY_LEN - len(seq)), jnp.int32)[None]  # causal: padding after is inert
       logits_GxV = np.asarray(_replayed_logits(seq, n - 2, gamma))
-      for j in range(gamma):
+      for j in range(draft_BxG.shape[1]):   # adaptive: the width chosen before drafting
         assert logits_GxV[j, draft_BxG[b, j]] >= logits_GxV[j].max() - 1e-3, (n, j)
       checked += 1
   assert checked >= 10
@@ -192,6 +195,74 @@ def test_eagle_distribution_test_rejects_a_misaligned_q():
   p_value, _ = _sample(dataclasses.replace(drafter, propose=propose), acc.CONFIGS['t1'],
                        gamma=3, seed=7)
   assert p_value < acc.P_VALUE_WRONG, p_value
+
+
+# ------------------------------------------------------------------ trees
+
+BRANCHING = '-1,-1,-1,0,0,1,3,4'   # 3 at depth 1, runners-up at depths 2 to 4
+
+
+@pytest.mark.parametrize('spec', [BRANCHING, 'eagle-25'])
+def test_greedy_eagle_trees_equal_greedy_autoregressive(spec):
+  drafter = eagle.make(TARGET, NET, LAYERS, vocab_ids_N=SUBSET, target_params=TARGET_PARAMS)
+  _, chain = check_greedy_tree(drafter, tree_lib.parse(spec))
+  assert sum(chain.accepted_tokens) > 0
+
+
+def test_every_tree_node_is_its_rank_after_its_path_drafted_as_a_chain():
+  """After a prefill, node i (its parent's r-th child) holds the r-th most likely
+  token of the layer run along node i's path as a chain (`eagle_net.step` through a
+  copy of the cache, as `propose` would draft those tokens): the tree's attention
+  sees each node's ancestors and not its siblings or cousins."""
+  tree = tree_lib.parse(BRANCHING)
+  drafter = eagle.make(TARGET, NET, LAYERS, target_params=TARGET_PARAMS)
+  rng = np.random.default_rng(3)
+  prompt_len, slots = 9, 24
+  tokens_BxS = jnp.asarray(rng.integers(3, CFG.vocab_size, size=(2, slots)), jnp.int32)
+  lengths_B = jnp.array([prompt_len + 1, prompt_len + 1], jnp.int32)   # the pending token
+  positions = jnp.broadcast_to(jnp.arange(prompt_len), (2, prompt_len))
+  out = TARGET.forward(TARGET_PARAMS, tokens_BxS[:, :prompt_len], positions,
+                       TARGET.init_cache(2, slots), hidden_layers=LAYERS)
+  view = base.TargetView(tokens_BxS=tokens_BxS, lengths_B=lengths_B, positions_BxT=positions,
+                         hidden_BxTxD=out.hidden_BxTxD,
+                         layer_hidden_LxBxTxD=out.layer_hidden_LxBxTxD,
+                         num_accepted_B=jnp.zeros((2,), jnp.int32))
+  state = drafter.init(params=drafter.params, target=view, target_params=TARGET_PARAMS)
+  proposal = drafter.propose_tree(params=drafter.params, state=state, tokens_BxS=tokens_BxS,
+                                  lengths_B=lengths_B, keys_B=None, sampling=None, tree=tree,
+                                  target_params=TARGET_PARAMS)
+  tokens_BxN = np.asarray(proposal.tokens_BxN)
+  assert np.asarray(proposal.valid_BxN).all()
+  geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps)
+  net = drafter.params['net']
+  for path in tree.paths():
+    o, cache = state['out_BxD'], state['cache']
+    for d, node in enumerate(path, start=1):
+      logits_BxV = np.asarray(eagle_net.logits(net, TARGET_PARAMS['embedding_VxD'], o[:, None],
+                                               CFG, geo.eps)[:, 0])
+      rank = int(tree.child_rank_N[node])
+      for b in range(2):
+        want = np.sort(logits_BxV[b])[::-1][rank]
+        assert logits_BxV[b, tokens_BxN[b, node]] == pytest.approx(want, abs=1e-4), (path, d)
+      embedded = eagle_net.embed(TARGET_PARAMS['embedding_VxD'],
+                                 jnp.asarray(tokens_BxN[:, node])[:, None])
+      o, cache = eagle_net.step(net, geo, o[:, None], embedded,
+                                (lengths_B - 2 + d)[:, None], cache)
+      o = o[:, 0]
+  # Siblings differ, and a node's children are drafted after it, not after a sibling.
+  assert (tokens_BxN[:, 0] != tokens_BxN[:, 1]).all()
+
+
+def test_eagle_tree_sampling_is_exact():
+  tree = tree_lib.parse('-1,-1,0,0,1,2')
+  drafter = eagle.make(TOY, TOY_NET, TOY_LAYERS, target_params=TOY_PARAMS)
+  cfg = acc.CONFIGS['t1']
+  out = speculative.generate(TOY, TOY_PARAMS, drafter, [acc.PROMPT] * acc.NUM_SAMPLES,
+                             gamma=tree.max_depth, max_new_tokens=acc.NUM_NEW, sampling=cfg,
+                             seed=9, tree=tree)
+  p_value, impossible = acc.check_exact(out.new_tokens, cfg, table=TOY_TABLE)
+  assert impossible == 0 and p_value > acc.P_VALUE_OK, p_value
+  assert 0 < sum(out.accepted_tokens) < sum(out.drafted_tokens)
 
 
 # ------------------------------------------------------------------ bad input

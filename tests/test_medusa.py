@@ -28,7 +28,7 @@ from specjax.models.config import tiny_config
 import test_acceptance as acc
 import toy_models
 from test_speculative import MAX_NEW, PADDED, PROMPTS, TARGET, TARGET_PARAMS
-from test_speculative import eos_id, greedy_reference
+from test_speculative import check_greedy_tree, eos_id, greedy_reference, spec_generate
 
 SamplingConfig = sampling_lib.SamplingConfig
 
@@ -95,9 +95,10 @@ def test_untrained_heads_draft_from_the_hidden_state_that_made_the_pending_token
     return proposal
 
   spy = dataclasses.replace(drafter, propose=spy_propose)
-  out = speculative.generate(PADDED, TARGET_PARAMS, spy, PROMPTS, gamma=2,
-                             max_new_tokens=MAX_NEW, eos_ids=(eos_id(),))
+  out = spec_generate(PADDED, TARGET_PARAMS, spy, PROMPTS, gamma=2, max_new_tokens=MAX_NEW,
+                      eos_ids=(eos_id(),), adaptive=True)
   assert out.new_tokens == greedy_reference()
+  assert sum(out.plain_calls) > 0   # plain steps happen, and proposals after them are checked
   final_B = np.array([len(p) + len(new) for p, new in zip(PROMPTS, out.new_tokens)])
   checked = 0
   for draft_B, pending_B, lengths_B in seen:
@@ -176,17 +177,7 @@ def test_gamma_above_the_number_of_heads_is_an_error():
 
 @pytest.mark.parametrize('spec', ['medusa-16', '-1,-1,-1,0,0,1,3'])
 def test_greedy_medusa_trees_equal_greedy_autoregressive(spec):
-  tree = tree_lib.parse(spec)
-  drafter = medusa.make(TARGET, HEADS, vocab_ids_N=SUBSET)
-  out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=tree.max_depth,
-                             max_new_tokens=MAX_NEW, eos_ids=(eos_id(),), tree=tree)
-  assert out.new_tokens == greedy_reference()
-  chain = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=tree.max_depth,
-                               max_new_tokens=MAX_NEW, eos_ids=(eos_id(),),
-                               tree=tree_lib.chain(tree.max_depth))
-  assert chain.new_tokens == greedy_reference()
-  # The tree tries the heads' runners-up too: never fewer tokens accepted than the chain.
-  assert sum(out.accepted_tokens) >= sum(chain.accepted_tokens)
+  check_greedy_tree(medusa.make(TARGET, HEADS, vocab_ids_N=SUBSET), tree_lib.parse(spec))
 
 
 def test_medusa_tree_sampling_is_exact():

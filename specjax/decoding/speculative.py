@@ -4,7 +4,10 @@ Each iteration of one `lax.while_loop`:
   1. the drafter proposes gamma tokens per row (with q, what they were drawn
      from, and how many of them the row has evidence for);
   2. the draft-length policy picks the call's width (a static bucket, chosen
-     with `lax.switch`) and each row's draft count (`draft_length.py`);
+     with `lax.switch`) and each row's draft count (`draft_length.py`); for a
+     drafter with costly drafts (a network per draft) it picks first, from
+     acceptance history and measured costs, and the drafter proposes only
+     that many, so a plain step drafts nothing;
   3. the target verifies them in ONE forward pass over n + 1 positions: the
      row's pending token (its last committed one, not yet in the cache) and
      the drafts, at the row's own positions L-1 .. L+n-1; with n = 0 this is
@@ -173,6 +176,26 @@ def _call(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_ne
   return new, view, drafted_B, accepted_B, num_accepted_B, k_B
 
 
+def _drafted_call(loop: program_lib.Loop, num_drafts: int, propose_kwargs, target_params, keys_B,
+                  max_new_B, state: SpecState, k_B):
+  """Drafts `num_drafts` (static) tokens per row, then verifies them (0 drafts
+  nothing: a plain step). The path of a drafter with costly drafts, whose width
+  was chosen before drafting; each row verifies at most k_B, and at most as many
+  as it has evidence for. Returns `_call`'s results and the drafter's state."""
+  drafter, decode = loop.drafter, state.decode
+  if num_drafts == 0:
+    batch = decode.lengths_B.shape[0]
+    draft_BxN, q_BxNxV, drafter_state = jnp.zeros((batch, 0), jnp.int32), None, state.drafter_state
+    target_cache = decode.cache
+  else:
+    proposal = drafter.propose(gamma=num_drafts, **propose_kwargs)
+    k_B = jnp.minimum(k_B, jnp.clip(proposal.num_drafts_B, 0, num_drafts)).astype(jnp.int32)
+    draft_BxN, q_BxNxV, drafter_state = proposal.draft_BxG, proposal.q_BxGxV, proposal.state
+    target_cache = proposal.shared_cache if drafter.shares_target_cache else decode.cache
+  return (*_call(loop, num_drafts, target_params, keys_B, max_new_B, state, draft_BxN, q_BxNxV,
+                 k_B, target_cache), drafter_state)
+
+
 def _tree_step(loop: program_lib.Loop, target_params, keys_B, max_new_B, state: SpecState,
                propose_kwargs):
   """Verify the whole tree, or take a plain step when no live row has a valid node."""
@@ -207,8 +230,18 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
   if loop.tree is not None:
     proposal, (new, view, drafted_B, accepted_B, num_accepted_B, k_B) = _tree_step(
         loop, target_params, keys_B, max_new_B, state, propose_kwargs)
+    proposed_state = proposal.state
+  elif drafter.costly_drafts and policy.adaptive:
+    # Choose the width from history alone, then draft only that many.
+    gamma_B = jnp.full(live_B.shape, gamma, jnp.int32)
+    index, k_B = draft_length.choose(policy, costs_N, state.history, gamma_B, live_B)
+    branches = [functools.partial(_drafted_call, loop, n, propose_kwargs) for n in policy.buckets]
+    args = (target_params, keys_B, max_new_B, state, k_B)
+    (new, view, drafted_B, accepted_B, num_accepted_B, k_B, proposed_state) = (
+        branches[0](*args) if len(branches) == 1 else jax.lax.switch(index, branches, *args))
   else:
     proposal = drafter.propose(gamma=gamma, **propose_kwargs)
+    proposed_state = proposal.state
     target_cache = proposal.shared_cache if drafter.shares_target_cache else decode.cache
     evidence_B = jnp.clip(proposal.num_drafts_B, 0, gamma).astype(jnp.int32)
     index, k_B = draft_length.choose(policy, costs_N, state.history, evidence_B, live_B)
@@ -221,7 +254,7 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
     else:
       new, view, drafted_B, accepted_B, num_accepted_B, k_B = jax.lax.switch(index, branches,
                                                                              *args)
-  drafter_state = drafter.update(params=drafter_params, state=proposal.state, target=view,
+  drafter_state = drafter.update(params=drafter_params, state=proposed_state, target=view,
                                  **target_kwargs(drafter, target_params))
 
   live_i = live_B.astype(jnp.int32)

@@ -1,11 +1,17 @@
-"""What a target call over n + 1 positions costs, relative to a decode step, measured.
+"""What a step that verifies n drafts costs, relative to a decode step, measured.
 
 The adaptive draft length (`draft_length.py`) weighs expected accepted tokens
 against these costs, so they must be this device's and this batch size's: a
 verify call over 5 positions costs about 1.6 decode steps on a 2-core AVX2
-CPU at batch 1 and can cost several at batch 16. Each width is one jitted
-loop of forward passes over a cache of the batch's shape, timed after a
-compile-and-warm-up run (the minimum of a few repeats).
+CPU at batch 1 and can cost several at batch 16. For a drafter with costly
+drafts (a network per draft, `Drafter.costly_drafts`) a step's cost also
+holds drafting its n tokens: the loop chooses the width before drafting, so
+a plain step saves the draft too (an EAGLE layer on a 16k head is a few
+hundredths of a decode step; the target's own layers with a small head more
+than half of one). Each width is one jitted loop of calls over a cache of
+the batch's shape, timed after a compile-and-warm-up run (the minimum of a
+few repeats). Drafting is timed from a state that the drafter's `init` made
+from a zero prompt: its cost depends on shapes, not on values.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+
+from specjax import sampling as sampling_lib
+from specjax.drafters.base import Drafter, TargetView
 
 _STEPS = 4   # forward calls per timed program
 _REPEATS = 3
@@ -30,14 +39,53 @@ def _calls(model, params, *, width: int, batch: int, num_slots: int):
     cache, total = carry
     positions_BxT = jnp.broadcast_to(start + i * width + jnp.arange(width), (batch, width))
     out = model.forward(params, jnp.zeros((batch, width), jnp.int32), positions_BxT, cache)
-    return out.cache, total + out.logits_BxRxV[:, :, 0].sum()
+    # A reduction over every logit, as acceptance's argmax or softmax makes: at batch
+    # 16 and 5 positions that pass over 21M logits is a fifth of the call on a CPU.
+    return out.cache, total + jnp.max(out.logits_BxRxV, axis=-1).sum()
 
   return jax.lax.fori_loop(0, _STEPS, body, (cache, jnp.float32(0)))[1]
 
 
 def seconds_per_call(model, params, width: int, *, batch: int, num_slots: int) -> float:
   """Seconds of one target call over `width` positions per row (best of a few)."""
-  run = functools.partial(_calls, model, params, width=width, batch=batch, num_slots=num_slots)
+  return _best_of(functools.partial(_calls, model, params, width=width, batch=batch,
+                                    num_slots=num_slots))
+
+
+@functools.partial(jax.jit, static_argnames=('drafter', 'model', 'sampling', 'gamma', 'batch',
+                                             'num_slots'))
+def _proposals(drafter: Drafter, model, drafter_params, params, *, sampling, gamma: int,
+               batch: int, num_slots: int):
+  prompt_len = max(1, min(16, num_slots // 2))
+  cfg = model.config
+  tokens_BxS = jnp.zeros((batch, num_slots), jnp.int32)
+  lengths_B = jnp.full((batch,), max(2, num_slots // 2 - gamma), jnp.int32)
+  layers = len(drafter.hidden_layers)
+  target_kwargs = {'target_params': params} if drafter.reads_target_params else {}
+  view = TargetView(
+      tokens_BxS=tokens_BxS, lengths_B=lengths_B,
+      positions_BxT=jnp.broadcast_to(jnp.arange(prompt_len), (batch, prompt_len)),
+      hidden_BxTxD=jnp.zeros((batch, prompt_len, cfg.embed_dim), jnp.float32),
+      layer_hidden_LxBxTxD=(jnp.zeros((layers, batch, prompt_len, cfg.embed_dim), jnp.float32)
+                            if layers else None),
+      num_accepted_B=jnp.zeros((batch,), jnp.int32))
+  state = drafter.init(params=drafter_params, target=view, **target_kwargs)
+  cache = model.init_cache(batch, num_slots) if drafter.shares_target_cache else None
+  keys_B = jax.random.split(jax.random.key(0), batch)
+
+  def body(i, carry):
+    state, cache, total = carry
+    proposal = drafter.propose(
+        params=drafter_params, state=state, tokens_BxS=tokens_BxS, lengths_B=lengths_B,
+        keys_B=sampling_lib.step_keys(keys_B, i), sampling=sampling, gamma=gamma,
+        shared=(params, cache) if drafter.shares_target_cache else None, **target_kwargs)
+    cache = proposal.shared_cache if drafter.shares_target_cache else cache
+    return proposal.state, cache, total + proposal.draft_BxG.sum()
+
+  return jax.lax.fori_loop(0, _STEPS, body, (state, cache, jnp.int32(0)))[2]
+
+
+def _best_of(run) -> float:
   run().block_until_ready()
   best = float('inf')
   for _ in range(_REPEATS):
@@ -47,9 +95,34 @@ def seconds_per_call(model, params, width: int, *, batch: int, num_slots: int) -
   return best / _STEPS
 
 
-def measure(model, params, buckets: Sequence[int], *, batch: int, num_slots: int
+def seconds_per_draft(drafter: Drafter, model, params, gamma: int, *, batch: int,
+                      num_slots: int,
+                      sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig()
+                      ) -> float:
+  """Seconds of one `propose` of `gamma` drafts per row (best of a few)."""
+  return _best_of(functools.partial(_proposals, drafter, model, drafter.params, params,
+                                    sampling=sampling, gamma=gamma, batch=batch,
+                                    num_slots=num_slots))
+
+
+def measure(model, params, buckets: Sequence[int], *, batch: int, num_slots: int,
+            drafter: Drafter | None = None,
+            sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig()
             ) -> tuple[float, ...]:
-  """Relative cost of a call verifying n drafts, for each n in `buckets` (n = 0 is 1.0)."""
+  """Relative cost of a step verifying n drafts, for each n in `buckets` (n = 0,
+  a plain step, is 1.0); with a `drafter` whose drafts are costly, drafting the
+  n tokens included."""
   base = seconds_per_call(model, params, 1, batch=batch, num_slots=num_slots)
-  return tuple(1.0 if n == 0 else max(1.0, seconds_per_call(
-      model, params, n + 1, batch=batch, num_slots=num_slots) / base) for n in buckets)
+  costs = []
+  for n in buckets:
+    if n == 0:
+      costs.append(1.0)
+      continue
+    verify = max(1.0, seconds_per_call(model, params, n + 1, batch=batch,
+                                       num_slots=num_slots) / base)
+    draft = 0.0
+    if drafter is not None and drafter.costly_drafts:
+      draft = seconds_per_draft(drafter, model, params, n, batch=batch, num_slots=num_slots,
+                                sampling=sampling) / base
+    costs.append(verify + draft)
+  return tuple(costs)

@@ -32,7 +32,7 @@ SETTINGS = {
 DRAFTER_NAMES = tuple(SETTINGS)
 # Drafters that fill branching token trees (`Drafter.propose_tree`); the others
 # verify chain-shaped trees only.
-TREE_DRAFTERS = ('ngram', 'medusa')
+TREE_DRAFTERS = ('ngram', 'medusa', 'eagle')
 # Drafters whose weights `python -m specjax.train` makes (`checkpoints.drafter_io`).
 TRAINED_DRAFTERS = ('medusa', 'eagle')
 

@@ -27,6 +27,14 @@
 A drafter that declares `reads_target_params` (EAGLE embeds tokens with the
 target's table) gets the target's params as `target_params=` in all three.
 
+A drafter that declares `costly_drafts` runs a network for each draft (a draft
+model, the target's early layers, an EAGLE layer, Medusa heads). Under the
+adaptive draft length the loop then chooses the call's width before drafting,
+from each row's acceptance history and the measured cost of drafting and
+verifying each width, and proposes only that many drafts: a plain step drafts
+nothing. A free drafter (n-gram lookup) drafts first and reports its evidence,
+and the width is chosen from that (`decoding/draft_length.py`).
+
 All functions run inside the one compiled decoding loop, so shapes are fixed
 and every count is data. Hidden states a drafter reads come from the
 target's forward pass (`hidden_layers` names the layers it wants beside the
@@ -113,6 +121,7 @@ class Drafter:
   shares_target_cache: bool = False
   reads_target_params: bool = False   # init / update / propose get target_params=
   propose_tree: Callable[..., TreeProposal] | None = None  # None: chain-shaped trees only
+  costly_drafts: bool = False   # each draft runs a network: choose the width before drafting
 
 
 def no_state_init(*, params, target: TargetView):

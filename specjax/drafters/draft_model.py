@@ -96,4 +96,4 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
                          {'cache': carry[0], 'next_logits_BxV': carry[1]})
 
   return base.Drafter(name=name, vocab_size=model.config.vocab_size, init=init, update=update,
-                      propose=propose, params=params)
+                      propose=propose, params=params, costly_drafts=True)

@@ -12,7 +12,16 @@ features and the next token's embedding. In decoding:
   target's features, whatever the drafts had written there;
 - `propose` drafts: draft 1 from the output at the position before the
   pending token, then each further draft from the layer's own previous
-  output and the draft before it, one position at a time.
+  output and the draft before it, one position at a time;
+- `propose_tree` fills a static token tree as EAGLE-2 does (its static
+  variant): a node that is its parent's r-th child takes the r-th most likely
+  token after its parent, and the layer runs once per depth over the nodes
+  that have children, each seeing the committed cache and its own ancestors
+  (`eagle_net.step_nodes`), so every root-to-node path drafts what `propose`
+  would draft along it. Siblings are distinct and ranked, never sampled, so q
+  is one-hot (None) and the tree rule stays exact under sampling. After the
+  call the target's view is the accepted path as a chain, which `update`
+  takes as it takes a chain's.
 
 The state keeps the output that drafts next (`out_BxD`) and the cache. It
 reads the target's embedding and no other target weight (`reads_target_params`);
@@ -141,6 +150,58 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
     return base.Proposal(jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1) if qs else None,
                          num_drafts_B, {'out_BxD': state['out_BxD'], 'cache': cache})
 
+  def propose_tree(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, tree, shared=None,
+                   target_params):
+    del tokens_BxS, keys_B, sampling, shared
+    ids_N = params['ids_N']
+    head_NxD = (target_params['embedding_VxD'] if params['head_NxD'] is None
+                else params['head_NxD'])
+    cache = state['cache']
+    batch = lengths_B.shape[0]
+    num_nodes = tree.num_nodes
+    shape = (batch, num_nodes) + cache['k'].shape[2:]
+    nodes = {'k': jnp.zeros(shape, cache['k'].dtype), 'v': jnp.zeros(shape, cache['v'].dtype)}
+    sees_NxN = jnp.asarray(tree.mask_TxT[1:, 1:])   # ancestor-or-self among the nodes
+    # out_T[t] drafts tree index t's children (0: the root, i + 1: node i).
+    out_T = [state['out_BxD']] + [None] * num_nodes
+    ranked = {}   # tree index -> (token_BxR, prob_BxR) of its R best children
+
+    def children_of(t):
+      if t not in ranked:
+        r = 1 + max(int(tree.child_rank_N[i]) for i in tree.children[t])
+        logits_BxN = eagle_net.logits(params['net'], head_NxD, out_T[t][:, None], cfg,
+                                      geo.eps)[:, 0]
+        top_logits_BxR, top_BxR = jax.lax.top_k(logits_BxN, r)
+        prob_BxR = jnp.exp(top_logits_BxR - jax.nn.logsumexp(logits_BxN, axis=-1)[:, None])
+        token_BxR = top_BxR if ids_N is None else ids_N[top_BxR]
+        ranked[t] = (token_BxR.astype(jnp.int32), prob_BxR)
+      return ranked[t]
+
+    tokens, valid = [None] * num_nodes, [None] * num_nodes
+    for depth in range(1, tree.max_depth + 1):
+      level = [i for i in range(num_nodes) if tree.depth_N[i] == depth]
+      for i in level:
+        parent = tree.parents[i]
+        token_BxR, prob_BxR = children_of(parent + 1)
+        rank = int(tree.child_rank_N[i])
+        tokens[i] = token_BxR[:, rank]
+        ok_B = prob_BxR[:, rank] >= settings.min_confidence
+        valid[i] = ok_B if parent < 0 else ok_B & valid[parent]
+      expand = [i for i in level if tree.children[i + 1]]
+      if not expand:
+        continue
+      hidden_BxWxD = jnp.stack([out_T[tree.parents[i] + 1] for i in expand], axis=1)
+      embedded = eagle_net.embed(target_params['embedding_VxD'],
+                                 jnp.stack([tokens[i] for i in expand], axis=1))
+      positions_BxW = jnp.broadcast_to((lengths_B - 2 + depth)[:, None], (batch, len(expand)))
+      index_W = np.asarray(expand, np.int32)
+      out_BxWxD, nodes = eagle_net.step_nodes(params['net'], geo, hidden_BxWxD, embedded,
+                                              positions_BxW, cache, lengths_B - 2, nodes,
+                                              index_W, sees_NxN[index_W])
+      for w, i in enumerate(expand):
+        out_T[i + 1] = out_BxWxD[:, w]
+    return base.TreeProposal(jnp.stack(tokens, axis=1), None, jnp.stack(valid, axis=1), state)
+
   return base.Drafter(name='eagle', vocab_size=cfg.vocab_size, init=init, update=update,
                       propose=propose, params=params, hidden_layers=hidden_layers,
-                      reads_target_params=True)
+                      reads_target_params=True, costly_drafts=True, propose_tree=propose_tree)

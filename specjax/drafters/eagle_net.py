@@ -193,6 +193,33 @@ def step(params, geo: Geometry, hidden_BxTxD: Array, embedded_BxTxD: Array,
   return _finish(params, geo, hidden_BxTxD, attn), cache
 
 
+def step_nodes(params, geo: Geometry, hidden_BxWxD: Array, embedded_BxWxD: Array,
+               positions_BxW: Array, cache: dict[str, Array], committed_B: Array,
+               nodes: dict[str, Array], index_W, sees_WxN: Array
+               ) -> tuple[Array, dict[str, Array]]:
+  """The layer at W token-tree nodes of one depth (EAGLE-2's tree drafting).
+
+  Siblings share a position, so a node's keys cannot go to the position-indexed
+  cache: they go to `nodes` (keys and values per tree node, [B, N, K, E]) at
+  the static node indices `index_W`. Each node's query sees the cache's slots
+  at positions <= committed_B (the committed context; the cache is not
+  written) and the tree nodes `sees_WxN` marks (its ancestors and itself).
+  Along any root-to-node path this is exactly what `step` computes for a chain
+  of those tokens. Returns the outputs and the updated node keys and values.
+  """
+  q, k, v = _qkv(params, geo, hidden_BxWxD, embedded_BxWxD, positions_BxW)
+  nodes = {'k': nodes['k'].at[:, index_W].set(k), 'v': nodes['v'].at[:, index_W].set(v)}
+  batch, num_slots = cache['k'].shape[:2]
+  width = hidden_BxWxD.shape[1]
+  cached_BxWxS = jnp.broadcast_to(
+      (jnp.arange(num_slots)[None, :] <= committed_B[:, None])[:, None], (batch, width, num_slots))
+  mask_BxWxSN = jnp.concatenate(
+      [cached_BxWxS, jnp.broadcast_to(sees_WxN[None], (batch,) + sees_WxN.shape)], axis=2)
+  attn = _attend(q, jnp.concatenate([cache['k'], nodes['k']], axis=1),
+                 jnp.concatenate([cache['v'], nodes['v']], axis=1), mask_BxWxSN)
+  return _finish(params, geo, hidden_BxWxD, attn), nodes
+
+
 def unrolled(params, geo: Geometry, first_BxLxD: Array, embedded_BxLxD: Array, steps: int
              ) -> list[Array]:
   """The training-time test: `steps` drafting steps from every chain start at once.

@@ -185,4 +185,4 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
 
   return base.Drafter(name='medusa', vocab_size=cfg.vocab_size, init=init, update=update,
                       propose=propose, params=params, shares_target_cache=True,
-                      propose_tree=propose_tree)
+                      propose_tree=propose_tree, costly_drafts=True)

@@ -81,4 +81,4 @@ def make(target: LanguageModel, *, name: str, num_layers: int | None = None,
 
   return base.Drafter(name=name, vocab_size=config.vocab_size, init=base.no_state_init,
                       update=base.no_state_update, propose=propose, params=params,
-                      shares_target_cache=True)
+                      shares_target_cache=True, costly_drafts=True)

@@ -76,7 +76,7 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
       trained=(loading.load_trained_drafter(config, model, name)
                if name in drafters.TRAINED_DRAFTERS else None),
       target_params=params)  # the tokenizer was checked against a draft vocabulary in preflight
-  policy_for = functools.cache(functools.partial(_policy, model, params, config))
+  policy_for = functools.cache(functools.partial(_policy, model, params, config, drafter))
 
   def run(packed):
     tree = config.token_tree
@@ -95,10 +95,11 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
   return Runner(run, _packer(model, config, preflight.verify_slots(config, name)))
 
 
-def _policy(model, params, config: ExperimentConfig, shape_BxS: tuple[int, int]
+def _policy(model, params, config: ExperimentConfig, drafter, shape_BxS: tuple[int, int]
             ) -> draft_length.Policy:
   """The draft-length policy for one batch shape: costs measured on this device at
-  this batch size and cache length unless the config gives them."""
+  this batch size and cache length (drafting included for a drafter whose drafts
+  are costly) unless the config gives them."""
   settings = config.draft_length
   if not settings.get('adaptive', True):
     return draft_length.fixed(config.gamma)
@@ -106,7 +107,9 @@ def _policy(model, params, config: ExperimentConfig, shape_BxS: tuple[int, int]
   costs = tuple(settings.get('costs', ()))
   if not costs:
     batch, num_slots = shape_BxS
-    costs = step_costs.measure(model, params, buckets, batch=batch, num_slots=num_slots)
-    logging.info('verify-call costs for batch %d, %d slots, drafts %s: %s', batch, num_slots,
-                 buckets, ', '.join(f'{c:.2f}' for c in costs))
+    costs = step_costs.measure(model, params, buckets, batch=batch, num_slots=num_slots,
+                               drafter=drafter, sampling=config.sampling)
+    logging.info('%s step costs for batch %d, %d slots, drafts %s: %s%s', drafter.name, batch,
+                 num_slots, buckets, ', '.join(f'{c:.2f}' for c in costs),
+                 ' (drafting included)' if drafter.costly_drafts else '')
   return speculative.make_policy(config.gamma, shape_BxS[0], buckets=buckets, costs=costs)

@@ -122,15 +122,57 @@ def _pad_positions(x, width: int, axis: int):
   return jnp.pad(x, pad)
 
 
+@flax.struct.dataclass
+class _Branch:
+  """What one branch of a step reads and writes, as a while-loop carry (`_select`):
+  the decode state whose cache the call extends, the drafter's state, each row's
+  draft cap k_B, and the call's results (placeholders until a branch runs)."""
+
+  decode: DecodeState
+  drafter_state: object
+  k_B: Array
+  view: TargetView
+  drafted_B: Array
+  accepted_B: Array
+  num_accepted_B: Array
+
+
+def _select(index, branches, carry: _Branch) -> _Branch:
+  """branches[index](carry), as one while loop of 0 or 1 iterations per branch.
+
+  `lax.switch` and `lax.cond` on XLA:CPU copy every operand a branch updates
+  into and out of it, the KV cache included: at batch 16 over 384 slots that is
+  226 MB each way, and a step that verified nothing cost 1.3 decode steps. A
+  while loop updates its carry in place, so a step costs what its branch does.
+  Each branch maps the carry to a carry; exactly one runs.
+  """
+  if len(branches) == 1:
+    return branches[0](carry)
+  for n, branch in enumerate(branches):
+    carry = jax.lax.while_loop(lambda c: c[0], lambda c, branch=branch: (jnp.bool_(False),
+                                                                         branch(c[1])),
+                               (index == n, carry))[1]
+  return carry
+
+
+def _placeholders(branch, carry: _Branch) -> _Branch:
+  """The carry a step's branches start from: its results zero, shaped as `branch`'s."""
+  shapes = jax.eval_shape(branch, carry)
+  zeros = lambda x: None if x is None else jnp.zeros(x.shape, x.dtype)  # noqa: E731
+  return carry.replace(view=jax.tree.map(zeros, shapes.view),
+                       drafted_B=zeros(shapes.drafted_B), accepted_B=zeros(shapes.accepted_B),
+                       num_accepted_B=zeros(shapes.num_accepted_B))
+
+
 def _call(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_new_B,
-          state: SpecState, draft_BxG, q_BxGxV, k_B, target_cache):
-  """One target call verifying `num_drafts` (static) drafts per row, capped at k_B.
+          decode: DecodeState, draft_BxG, q_BxGxV, k_B):
+  """One target call verifying `num_drafts` (static) drafts per row, capped at k_B,
+  extending `decode`'s cache.
 
   Returns the new decode state, the drafter's view of the call, and the
   per-row (drafted, accepted) counts up to the cut.
   """
   target, drafter, gamma = loop.target, loop.drafter, loop.gamma
-  decode = state.decode.replace(cache=target_cache)
   batch = draft_BxG.shape[0]
   rows = jnp.arange(batch)
   if num_drafts == 0:
@@ -177,43 +219,63 @@ def _call(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_ne
 
 
 def _drafted_call(loop: program_lib.Loop, num_drafts: int, propose_kwargs, target_params, keys_B,
-                  max_new_B, state: SpecState, k_B):
+                  max_new_B, carry: _Branch) -> _Branch:
   """Drafts `num_drafts` (static) tokens per row, then verifies them (0 drafts
-  nothing: a plain step). The path of a drafter with costly drafts, whose width
-  was chosen before drafting; each row verifies at most k_B, and at most as many
-  as it has evidence for. Returns `_call`'s results and the drafter's state."""
-  drafter, decode = loop.drafter, state.decode
+  nothing: a plain step). The branch of a drafter with costly drafts, whose width
+  was chosen before drafting; each row verifies at most carry.k_B, and at most as
+  many as it has evidence for."""
+  drafter, decode, k_B = loop.drafter, carry.decode, carry.k_B
+  drafter_state = carry.drafter_state
   if num_drafts == 0:
-    batch = decode.lengths_B.shape[0]
-    draft_BxN, q_BxNxV, drafter_state = jnp.zeros((batch, 0), jnp.int32), None, state.drafter_state
-    target_cache = decode.cache
+    draft_BxN = jnp.zeros((decode.lengths_B.shape[0], 0), jnp.int32)
+    q_BxNxV = None
   else:
-    proposal = drafter.propose(gamma=num_drafts, **propose_kwargs)
+    shared = (target_params, decode.cache) if drafter.shares_target_cache else None
+    proposal = drafter.propose(gamma=num_drafts, **dict(propose_kwargs, state=drafter_state,
+                                                        shared=shared))
     k_B = jnp.minimum(k_B, jnp.clip(proposal.num_drafts_B, 0, num_drafts)).astype(jnp.int32)
     draft_BxN, q_BxNxV, drafter_state = proposal.draft_BxG, proposal.q_BxGxV, proposal.state
-    target_cache = proposal.shared_cache if drafter.shares_target_cache else decode.cache
-  return (*_call(loop, num_drafts, target_params, keys_B, max_new_B, state, draft_BxN, q_BxNxV,
-                 k_B, target_cache), drafter_state)
+    if drafter.shares_target_cache:
+      decode = decode.replace(cache=proposal.shared_cache)
+  new, view, drafted_B, accepted_B, num_accepted_B, k_B = _call(
+      loop, num_drafts, target_params, keys_B, max_new_B, decode, draft_BxN, q_BxNxV, k_B)
+  return _Branch(new, drafter_state, k_B, view, drafted_B, accepted_B, num_accepted_B)
+
+
+def _verify_branch(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_new_B,
+                   proposal, carry: _Branch) -> _Branch:
+  """Verifies `num_drafts` (static) of an existing proposal's drafts per row."""
+  new, view, drafted_B, accepted_B, num_accepted_B, k_B = _call(
+      loop, num_drafts, target_params, keys_B, max_new_B, carry.decode, proposal.draft_BxG,
+      proposal.q_BxGxV, carry.k_B)
+  return _Branch(new, carry.drafter_state, k_B, view, drafted_B, accepted_B, num_accepted_B)
 
 
 def _tree_step(loop: program_lib.Loop, target_params, keys_B, max_new_B, state: SpecState,
-               propose_kwargs):
+               propose_kwargs) -> _Branch:
   """Verify the whole tree, or take a plain step when no live row has a valid node."""
   proposal = tree_verify.propose(loop.drafter, loop.tree, **propose_kwargs)
   decode = state.decode
-  target_cache = proposal.shared_cache if loop.drafter.shares_target_cache else decode.cache
+  if loop.drafter.shares_target_cache:
+    decode = decode.replace(cache=proposal.shared_cache)
   any_valid = jnp.any(jnp.any(proposal.valid_BxN, axis=1) & ~decode.done_B)
 
-  def tree_call(_):
-    return tree_verify.call(loop, loop.tree, target_params, keys_B, max_new_B, decode, proposal,
-                            target_cache, _ACCEPT_STREAM)
+  def tree_call(carry: _Branch) -> _Branch:
+    new, view, drafted_B, accepted_B, num_accepted_B, k_B = tree_verify.call(
+        loop, loop.tree, target_params, keys_B, max_new_B, carry.decode, proposal,
+        carry.decode.cache, _ACCEPT_STREAM)
+    return _Branch(new, carry.drafter_state, k_B, view, drafted_B, accepted_B, num_accepted_B)
 
-  def plain_call(_):
-    k_B = jnp.zeros(decode.lengths_B.shape, jnp.int32)
-    return _call(loop, 0, target_params, keys_B, max_new_B, state, proposal.tokens_BxN, None,
-                 k_B, target_cache)
+  def plain_call(carry: _Branch) -> _Branch:
+    new, view, drafted_B, accepted_B, num_accepted_B, k_B = _call(
+        loop, 0, target_params, keys_B, max_new_B, carry.decode, proposal.tokens_BxN, None,
+        carry.k_B)
+    return _Branch(new, carry.drafter_state, k_B, view, drafted_B, accepted_B, num_accepted_B)
 
-  return proposal, jax.lax.cond(any_valid, tree_call, plain_call, None)
+  carry = _Branch(decode, proposal.state, jnp.zeros(decode.lengths_B.shape, jnp.int32),
+                  None, None, None, None)
+  branches = [plain_call, tree_call]
+  return _select(any_valid.astype(jnp.int32), branches, _placeholders(tree_call, carry))
 
 
 def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B, max_new_B,
@@ -228,32 +290,28 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
                         keys_B=draft_keys, sampling=loop.sampling, shared=shared,
                         **target_kwargs(drafter, target_params))
   if loop.tree is not None:
-    proposal, (new, view, drafted_B, accepted_B, num_accepted_B, k_B) = _tree_step(
-        loop, target_params, keys_B, max_new_B, state, propose_kwargs)
-    proposed_state = proposal.state
+    out = _tree_step(loop, target_params, keys_B, max_new_B, state, propose_kwargs)
   elif drafter.costly_drafts and policy.adaptive:
     # Choose the width from history alone, then draft only that many.
     gamma_B = jnp.full(live_B.shape, gamma, jnp.int32)
     index, k_B = draft_length.choose(policy, costs_N, state.history, gamma_B, live_B)
-    branches = [functools.partial(_drafted_call, loop, n, propose_kwargs) for n in policy.buckets]
-    args = (target_params, keys_B, max_new_B, state, k_B)
-    (new, view, drafted_B, accepted_B, num_accepted_B, k_B, proposed_state) = (
-        branches[0](*args) if len(branches) == 1 else jax.lax.switch(index, branches, *args))
+    branches = [functools.partial(_drafted_call, loop, n, propose_kwargs, target_params, keys_B,
+                                  max_new_B) for n in policy.buckets]
+    carry = _Branch(decode, state.drafter_state, k_B, None, None, None, None)
+    out = _select(index, branches, _placeholders(branches[-1], carry))
   else:
     proposal = drafter.propose(gamma=gamma, **propose_kwargs)
-    proposed_state = proposal.state
-    target_cache = proposal.shared_cache if drafter.shares_target_cache else decode.cache
+    if drafter.shares_target_cache:
+      decode = decode.replace(cache=proposal.shared_cache)
     evidence_B = jnp.clip(proposal.num_drafts_B, 0, gamma).astype(jnp.int32)
     index, k_B = draft_length.choose(policy, costs_N, state.history, evidence_B, live_B)
-
-    branches = [functools.partial(_call, loop, n) for n in policy.buckets]
-    args = (target_params, keys_B, max_new_B, state, proposal.draft_BxG, proposal.q_BxGxV, k_B,
-            target_cache)
-    if len(branches) == 1:
-      new, view, drafted_B, accepted_B, num_accepted_B, k_B = branches[0](*args)
-    else:
-      new, view, drafted_B, accepted_B, num_accepted_B, k_B = jax.lax.switch(index, branches,
-                                                                             *args)
+    branches = [functools.partial(_verify_branch, loop, n, target_params, keys_B, max_new_B,
+                                  proposal) for n in policy.buckets]
+    carry = _Branch(decode, proposal.state, k_B, None, None, None, None)
+    out = _select(index, branches, _placeholders(branches[-1], carry))
+  new, view, proposed_state = out.decode, out.view, out.drafter_state
+  drafted_B, accepted_B, num_accepted_B, k_B = (out.drafted_B, out.accepted_B,
+                                                 out.num_accepted_B, out.k_B)
   drafter_state = drafter.update(params=drafter_params, state=proposed_state, target=view,
                                  **target_kwargs(drafter, target_params))
 

@@ -18,7 +18,9 @@ model and flags:
      tokens/s of the same batch size.
 
 Methods are `ngram@G` (fixed: gamma G drafts verified every step) and
-`ngram~G` (adaptive: up to G, by evidence and measured costs). Compilation is
+`ngram~G` (adaptive: up to G, by evidence and measured costs); `ngram~G/T` sets
+the adaptive policy's finish_softness to T tokens (`inf`: every row counts
+alike, the sum over rows), to compare batch-aware weightings side by side. Compilation is
 excluded (each program runs once untimed first). Rows go to `<out>/rows.jsonl`
 as they are measured, and a rerun resumes from them.
 
@@ -88,6 +90,11 @@ def _prompt_set(tokenizer):
   return chosen, ids
 
 
+def _gamma(method: str) -> int:
+  """G of `ngram@G`, `ngram~G` or `ngram~G/T`."""
+  return int(method[6:].split('/')[0])
+
+
 class Methods:
   """Runs a method on a batch of prompts: autoregressive, ngram@G or ngram~G."""
 
@@ -106,18 +113,21 @@ class Methods:
     return self._seconds[key]
 
   def policy(self, method, packed):
-    gamma, adaptive = int(method[6:]), method[5] == '~'
+    gamma, adaptive = _gamma(method), method[5] == '~'
     if not adaptive:
       return draft_length.fixed(gamma)
+    softness = (float(method.split('/')[1]) if '/' in method
+                else draft_length.Policy.finish_softness)
     batch, slots = packed.tokens_BxS.shape
     buckets = draft_length.default_buckets(gamma)
     costs = tuple(max(1.0, self.seconds(n + 1, batch, slots) / self.seconds(1, batch, slots))
                   for n in buckets)
     logging.info('costs %s at batch %d, %d slots: %s', buckets, batch, slots, costs)
-    return speculative.make_policy(gamma, batch, buckets=buckets, costs=costs)
+    return speculative.make_policy(gamma, batch, buckets=buckets, costs=costs,
+                                   finish_softness=softness)
 
   def run(self, method, prompts, row_ids):
-    gamma = 0 if method == 'autoregressive' else int(method[6:])
+    gamma = 0 if method == 'autoregressive' else _gamma(method)
     packed = program.pack(self.model, prompts, max_new_tokens=MAX_NEW.value,
                           extra_slots=gamma + 1, row_ids=row_ids)
     if method == 'autoregressive':
@@ -258,7 +268,7 @@ def batch1_table(rows, chosen, methods, cost_table) -> str:
       if '@' in method:
         # Both share the prefill and first token: keep the baseline's measured
         # prefill, replace its decode steps by verify calls (n-gram drafts for free).
-        gamma = int(method[6:])
+        gamma = _gamma(method)
         pred = []
         for r, b in zip(rs, bs):
           sec = cost_table[b['slots']]

@@ -70,8 +70,10 @@ def get_config(arg=None):
   # Per step, each row verifies as many drafts as its evidence supports and the
   # call's width maximises expected tokens per measured cost (0 = a plain step);
   # adaptive=False verifies gamma drafts every step. Empty buckets: 0, ~gamma/2,
-  # gamma; empty costs: measured on this device for each batch shape.
-  c.draft_length = dict(adaptive=True, buckets=(), costs=())
+  # gamma; empty costs: measured on this device for each batch shape. In a batch,
+  # rows that lag by more than ~finish_softness tokens decide (a batch finishes
+  # with its slowest row).
+  c.draft_length = dict(adaptive=True, buckets=(), costs=(), finish_softness=4.0)
   # '' = chains of gamma drafts. Else a static token tree verified in one target call
   # per step: 'chain-G', 'medusa-16', 'eagle-25', or parent indices '-1,0,0,1' (node i
   # continues node parents[i]; -1 is the pending token). With a tree, gamma is its

@@ -135,6 +135,10 @@ def test_draft_model_drafter_needs_a_checkpoint():
     ('draft_length', {'adaptive': 'yes'}, r'config.draft_length.adaptive must be a bool'),
     ('draft_length', {'buckets': (1, 4)}, r'config.draft_length.buckets must include 0'),
     ('draft_length', {'speed': 1}, r'config.draft_length has unknown setting\(s\) speed'),
+    ('draft_length', {'finish_softness': 0.0},
+     r'config.draft_length.finish_softness must be > 0 tokens'),
+    ('draft_length', {'finish_softness': 'wide'},
+     r'config.draft_length.finish_softness must be a number'),
 ])
 def test_bad_nested_settings_fail_before_anything_loads(key, value, message):
   values = get_config().to_dict()

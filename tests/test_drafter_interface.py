@@ -6,6 +6,7 @@ Shapes: B batch, S slots, T positions, D width, G gamma, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -194,10 +195,38 @@ def test_choose_prefers_a_plain_step_for_a_large_batch_with_expensive_calls():
   live = jnp.asarray([True])
   def choose(policy, evidence_B):
     return int(draft_length.choose(policy, jnp.asarray(policy.costs), history, evidence_B,
-                                   live)[0])
+                                   live, jnp.asarray([100]))[0])
   assert choose(cheap, evidence) > 0
   assert choose(dear, evidence) == 0
   assert choose(cheap, jnp.asarray([0])) == 0
+
+
+def test_choose_follows_the_rows_that_set_the_batchs_finishing_time():
+  """A batch finishes with its slowest row: when the rows left behind have no
+  evidence, a call whose cost only the leading rows repay is not worth it, and
+  it is when the laggards are the ones with evidence. Level rows count equally,
+  and an infinite softness gives back the plain sum over rows."""
+  policy = draft_length.Policy((0, 2, 4), (1.0, 1.5, 1.9))
+  costs = jnp.asarray(policy.costs)
+  history = draft_length.History(jnp.asarray([20.0, 20.0, 20.0, 20.0]), jnp.zeros((4,)))
+  live = jnp.ones((4,), bool)
+  # Three rows with a full match (a ~0.9), one row without one.
+  evidence = jnp.asarray([4, 4, 4, 0])
+
+  def width(remaining, policy=policy, live=live):
+    index, k_B = draft_length.choose(policy, costs, history, evidence, live, jnp.asarray(remaining))
+    assert k_B.tolist() == [min(int(e), policy.buckets[int(index)]) for e in evidence.tolist()]
+    return policy.buckets[int(index)]
+
+  assert width([50, 50, 50, 50]) == 4      # level rows: the sum pays
+  assert width([40, 40, 40, 50]) == 0      # the row without evidence lags by 10 tokens
+  assert width([50, 50, 50, 40]) == 4      # the laggards have evidence
+  summing = dataclasses.replace(policy, finish_softness=float('inf'))
+  assert width([40, 40, 40, 50], policy=summing) == 4
+  # A finished row counts for nothing, however far behind its count is.
+  assert width([40, 40, 40, 50], live=jnp.asarray([True, True, True, False])) == 4
+  with pytest.raises(ValueError, match='finish_softness'):
+    draft_length.Policy((0, 4), (1.0, 1.9), finish_softness=0.0)
 
 
 def test_expected_tokens_is_leviathans_formula():

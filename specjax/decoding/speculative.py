@@ -285,6 +285,7 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
   draft_keys = sampling_lib.step_keys(keys_B, decode.step + 1, _DRAFT_STREAM)
   shared = (target_params, decode.cache) if drafter.shares_target_cache else None
   live_B = ~decode.done_B
+  remaining_B = max_new_B - decode.num_new_B
   propose_kwargs = dict(params=drafter_params, state=state.drafter_state,
                         tokens_BxS=decode.tokens_BxS, lengths_B=decode.lengths_B,
                         keys_B=draft_keys, sampling=loop.sampling, shared=shared,
@@ -294,7 +295,8 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
   elif drafter.costly_drafts and policy.adaptive:
     # Choose the width from history alone, then draft only that many.
     gamma_B = jnp.full(live_B.shape, gamma, jnp.int32)
-    index, k_B = draft_length.choose(policy, costs_N, state.history, gamma_B, live_B)
+    index, k_B = draft_length.choose(policy, costs_N, state.history, gamma_B, live_B,
+                                     remaining_B)
     branches = [functools.partial(_drafted_call, loop, n, propose_kwargs, target_params, keys_B,
                                   max_new_B) for n in policy.buckets]
     carry = _Branch(decode, state.drafter_state, k_B, None, None, None, None)
@@ -304,7 +306,8 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
     if drafter.shares_target_cache:
       decode = decode.replace(cache=proposal.shared_cache)
     evidence_B = jnp.clip(proposal.num_drafts_B, 0, gamma).astype(jnp.int32)
-    index, k_B = draft_length.choose(policy, costs_N, state.history, evidence_B, live_B)
+    index, k_B = draft_length.choose(policy, costs_N, state.history, evidence_B, live_B,
+                                     remaining_B)
     branches = [functools.partial(_verify_branch, loop, n, target_params, keys_B, max_new_B,
                                   proposal) for n in policy.buckets]
     carry = _Branch(decode, proposal.state, k_B, None, None, None, None)
@@ -366,7 +369,8 @@ def check_gamma(gamma) -> int:
 
 
 def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
-                buckets: Sequence[int] = (), costs: Sequence[float] = ()
+                buckets: Sequence[int] = (), costs: Sequence[float] = (),
+                finish_softness: float = draft_length.Policy.finish_softness
                 ) -> draft_length.Policy:
   """The draft-length policy for `gamma`: fixed, or adaptive over `buckets`
   (default: 0, about gamma / 2, gamma) with measured `costs` (default: the
@@ -378,7 +382,8 @@ def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
     raise ValueError(f'adaptive draft-length buckets must run from 0 (a plain step) to '
                      f'gamma={gamma}, got {buckets}')
   costs = tuple(costs) or draft_length.roofline_costs(buckets, batch)
-  return draft_length.Policy(buckets=buckets, costs=costs, adaptive=True)
+  return draft_length.Policy(buckets=buckets, costs=costs, adaptive=True,
+                             finish_softness=finish_softness)
 
 
 def generate(target: LanguageModel, target_params, drafter: Drafter,

@@ -18,6 +18,7 @@ from typing import Any
 
 from specjax import drafters
 from specjax.checkpoints import embedded
+from specjax.decoding import draft_length
 from specjax.decoding import tree as tree_lib
 from specjax.sampling import SamplingConfig
 
@@ -35,7 +36,7 @@ SHARED_KEYS = ('model', 'tokenizer', 'prompts', 'max_new_tokens', 'temperature',
 # Every drafter's rows also depend on the loop's draft-length settings and on
 # its own nested settings entry (named like the drafter).
 _LOOP_KEYS = ('gamma', 'draft_length')
-DRAFT_LENGTH_KEYS = {'adaptive': bool, 'buckets': tuple, 'costs': tuple}
+DRAFT_LENGTH_KEYS = {'adaptive': bool, 'buckets': tuple, 'costs': tuple, 'finish_softness': float}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +166,15 @@ class ExperimentConfig:
            f'{", ".join(DRAFT_LENGTH_KEYS)}')
     for key, kind in DRAFT_LENGTH_KEYS.items():
       value = values.get(key, kind())
+      if kind is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool),
+               f'draft_length.{key}', f'must be a number, got {value!r}')
+        continue
       _check(isinstance(value, (kind, list)) and (kind is bool) == isinstance(value, bool),
              f'draft_length.{key}', f'must be a {kind.__name__}, got {value!r}')
+    softness = values.get('finish_softness', draft_length.Policy.finish_softness)
+    _check(softness > 0, 'draft_length.finish_softness',
+           f'must be > 0 tokens (the smooth maximum over rows of remaining tokens), got {softness}')
     buckets = tuple(values.get('buckets', ()))
     costs = tuple(values.get('costs', ()))
     _check(all(isinstance(b, int) and 0 <= b <= self.gamma for b in buckets),

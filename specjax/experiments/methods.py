@@ -112,4 +112,6 @@ def _policy(model, params, config: ExperimentConfig, drafter, shape_BxS: tuple[i
     logging.info('%s step costs for batch %d, %d slots, drafts %s: %s%s', drafter.name, batch,
                  num_slots, buckets, ', '.join(f'{c:.2f}' for c in costs),
                  ' (drafting included)' if drafter.costly_drafts else '')
-  return speculative.make_policy(config.gamma, shape_BxS[0], buckets=buckets, costs=costs)
+  return speculative.make_policy(
+      config.gamma, shape_BxS[0], buckets=buckets, costs=costs,
+      finish_softness=settings.get('finish_softness', draft_length.Policy.finish_softness))

@@ -202,15 +202,15 @@ def test_choose_prefers_a_plain_step_for_a_large_batch_with_expensive_calls():
 
 
 def test_choose_follows_the_rows_that_set_the_batchs_finishing_time():
-  """A batch finishes with its slowest row: when the rows left behind have no
+  """A batch finishes with its slowest row: when the row left behind has no
   evidence, a call whose cost only the leading rows repay is not worth it, and
-  it is when the laggards are the ones with evidence. Level rows count equally,
-  and an infinite softness gives back the plain sum over rows."""
+  it is when the laggards are the ones with evidence. An infinite softness
+  gives back the mean over rows; a finished row counts for nothing."""
   policy = draft_length.Policy((0, 2, 4), (1.0, 1.5, 1.9))
   costs = jnp.asarray(policy.costs)
   history = draft_length.History(jnp.asarray([20.0, 20.0, 20.0, 20.0]), jnp.zeros((4,)))
   live = jnp.ones((4,), bool)
-  # Three rows with a full match (a ~0.9), one row without one.
+  # Three rows with a full match (a ~0.95), one row without one.
   evidence = jnp.asarray([4, 4, 4, 0])
 
   def width(remaining, policy=policy, live=live):
@@ -218,15 +218,32 @@ def test_choose_follows_the_rows_that_set_the_batchs_finishing_time():
     assert k_B.tolist() == [min(int(e), policy.buckets[int(index)]) for e in evidence.tolist()]
     return policy.buckets[int(index)]
 
-  assert width([50, 50, 50, 50]) == 4      # level rows: the sum pays
+  assert width([50, 50, 50, 50]) == 4      # level rows: any of them may end last
   assert width([40, 40, 40, 50]) == 0      # the row without evidence lags by 10 tokens
   assert width([50, 50, 50, 40]) == 4      # the laggards have evidence
   summing = dataclasses.replace(policy, finish_softness=float('inf'))
   assert width([40, 40, 40, 50], policy=summing) == 4
-  # A finished row counts for nothing, however far behind its count is.
   assert width([40, 40, 40, 50], live=jnp.asarray([True, True, True, False])) == 4
+  sharp = dataclasses.replace(policy, finish_softness=0.25)
+  assert width([50, 50, 50, 50], policy=sharp) == 0   # the match-less row is the maximum
   with pytest.raises(ValueError, match='finish_softness'):
     draft_length.Policy((0, 4), (1.0, 1.9), finish_softness=0.0)
+
+
+def test_a_steps_worth_is_its_reduction_of_the_smooth_maximum():
+  """At batch 1 it is the expected tokens (the tokens-per-cost rule), a plain
+  step is worth exactly 1 at any batch, and no row gains more than it has left."""
+  policy = draft_length.Policy((0, 4), (1.0, 1.9))
+  live = jnp.ones((3,), bool)
+  one = draft_length.finish_reduction(policy, jnp.asarray([30]), jnp.asarray([[1.0], [3.2]]),
+                                      jnp.asarray([True]))
+  np.testing.assert_allclose(one, [1.0, 3.2], rtol=1e-5)
+  plain = draft_length.finish_reduction(policy, jnp.asarray([30, 12, 29]),
+                                        jnp.ones((1, 3)), live)
+  np.testing.assert_allclose(plain, [1.0], rtol=1e-5)
+  capped = draft_length.finish_reduction(policy, jnp.asarray([2]), jnp.asarray([[4.0]]),
+                                         jnp.asarray([True]))
+  np.testing.assert_allclose(capped, [2.0], rtol=1e-5)
 
 
 def test_expected_tokens_is_leviathans_formula():

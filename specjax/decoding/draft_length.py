@@ -17,18 +17,23 @@ each step:
      n + 1 positions at this batch size relative to a decode step;
   4. every row verifies min(k_b, n) drafts; the call's shape is the bucket's.
 
-The weights come from how a batch finishes. A batch of rows decoded together
-takes as long as its slowest row, so what a step is worth is how much it
-shortens the longest remaining work, not the sum of every row's progress.
-Summing made a batch of 16 speculate whenever the average row had a match,
-while the rows left behind (those without one) set the finishing time: it took
-8% fewer steps at 1.9x the cost per step. The finishing time is taken as a
-smooth maximum of the rows' remaining tokens R_b, tau * log sum_b exp(R_b / tau);
-a step's expected reduction of it is sum_b w_b E_b with w = softmax(R / tau).
-So rows that lag by more than a few tau tokens decide, rows that lead barely
-count, and rows level with each other (a batch's start) count equally; at
-batch 1 the rule is the plain tokens-per-cost one. `finish_softness` is tau:
-infinity gives back the sum, 0 the slowest row alone.
+How a batch finishes decides what a step is worth. Rows decoded together take
+as long as the slowest of them, so a step is worth how much it shortens the
+longest remaining work, not the sum of every row's progress. Summing made a
+batch of 16 speculate whenever the average row had a match, while the rows
+left behind (those without one) set the finishing time: it took 8% fewer
+steps at 1.9x the cost per step. The finishing time is taken as a smooth
+maximum of the rows' remaining tokens R_b,
+    M(R) = tau * log sum_b exp(R_b / tau),
+and a step over n drafts is worth M(R) - M(R - E_n) per cost(n), with E_n
+each row's expected committed tokens (at most R_b). A plain step is worth
+exactly 1, and at batch 1 the rule is the tokens-per-cost one above. Drafts
+that only push the leading rows further ahead are worth little; drafts for
+the rows left behind are worth what they take off the maximum, and only up to
+where the next rows take over. `finish_softness` is tau, in tokens: it stands
+for not knowing which row will end last (rows level with each other all
+count); infinity gives back the mean over rows, tau -> 0 the slowest row
+alone.
 
 For a drafter whose drafts are costly (`Drafter.costly_drafts`: a network per
 draft) the order changes: its evidence is taken to be gamma, the bucket is
@@ -49,6 +54,7 @@ never on the target's output for this step, so sampling stays exact.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import flax
@@ -69,7 +75,7 @@ class Policy:
   prior, prior_weight: the Beta prior of a row's acceptance rate, in drafts.
   decay: how fast old acceptances are forgotten (per step).
   finish_softness: tau, in tokens, of the smooth maximum over rows' remaining
-    tokens that the batch-aware weights come from (see the module's doc)."""
+    tokens whose reduction a step is worth (see the module's doc)."""
 
   buckets: tuple[int, ...]
   costs: tuple[float, ...] = dataclasses.field(compare=False)
@@ -147,13 +153,22 @@ def expected_tokens(a_B: Array, k_B: Array) -> Array:
   return (1.0 - a_B ** (k_B + 1).astype(jnp.float32)) / (1.0 - a_B)
 
 
-def finish_weights(policy: Policy, remaining_B: Array, live_B: Array) -> Array:
-  """w = softmax(R / tau) over live rows: each row's share of a step's effect on
-  the batch's finishing time (the smooth maximum of remaining tokens R)."""
-  logits_B = remaining_B.astype(jnp.float32) / policy.finish_softness
-  logits_B = jnp.where(live_B, logits_B, -jnp.inf)
-  weights_B = jax.nn.softmax(logits_B)
-  return jnp.where(live_B, weights_B, 0.0)  # all rows done: softmax of -inf is nan
+def finish_reduction(policy: Policy, remaining_B: Array, tokens_NxB: Array, live_B: Array
+                     ) -> Array:
+  """[N] M(R) - M(R - E_n) over live rows, M the smooth maximum of remaining
+  tokens (see the module's doc); the mean of E_n when tau is infinite."""
+  remaining_B = remaining_B.astype(jnp.float32)
+  tokens_NxB = jnp.minimum(tokens_NxB, remaining_B[None, :])
+  tau = policy.finish_softness
+  if math.isinf(tau):
+    return jnp.sum(jnp.where(live_B[None, :], tokens_NxB, 0.0), axis=1) / jnp.maximum(
+        jnp.sum(live_B), 1)
+
+  def smooth_max(r_NxB):
+    return tau * jax.nn.logsumexp(jnp.where(live_B[None, :], r_NxB / tau, -jnp.inf), axis=1)
+
+  reduction_N = smooth_max(remaining_B[None, :]) - smooth_max(remaining_B[None, :] - tokens_NxB)
+  return jnp.where(jnp.any(live_B), reduction_N, 0.0)  # no live row: -inf - -inf
 
 
 def choose(policy: Policy, costs_N: Array, history: History, evidence_B: Array, live_B: Array,
@@ -166,8 +181,8 @@ def choose(policy: Policy, costs_N: Array, history: History, evidence_B: Array, 
   a_B = history.acceptance(policy)
   buckets_N = jnp.asarray(policy.buckets, jnp.int32)
   k_NxB = jnp.minimum(evidence_B[None, :], buckets_N[:, None])
-  weights_B = finish_weights(policy, remaining_B, live_B)
-  value_N = jnp.sum(weights_B[None, :] * expected_tokens(a_B[None, :], k_NxB),
-                    axis=1) / costs_N.astype(jnp.float32)
+  tokens_NxB = expected_tokens(a_B[None, :], k_NxB)
+  value_N = (finish_reduction(policy, remaining_B, tokens_NxB, live_B)
+             / costs_N.astype(jnp.float32))
   index = jnp.argmax(value_N).astype(jnp.int32)
   return index, jnp.minimum(evidence_B, buckets_N[index]).astype(jnp.int32)

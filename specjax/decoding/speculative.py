@@ -3,8 +3,9 @@
 Each iteration of one `lax.while_loop`:
   1. the drafter proposes gamma tokens per row (with q, what they were drawn
      from, and how many of them the row has evidence for);
-  2. the draft-length policy picks the call's width (a static bucket, chosen
-     with `lax.switch`) and each row's draft count (`draft_length.py`); for a
+  2. the draft-length policy picks the call's width (a static bucket, each a
+     branch of the program, `_select`) and each row's draft count
+     (`draft_length.py`, aware of which rows set the batch's finishing time); for a
      drafter with costly drafts (a network per draft) it picks first, from
      acceptance history and measured costs, and the drafter proposes only
      that many, so a plain step drafts nothing;
@@ -235,11 +236,16 @@ def _drafted_call(loop: program_lib.Loop, num_drafts: int, propose_kwargs, targe
                                                         shared=shared))
     k_B = jnp.minimum(k_B, jnp.clip(proposal.num_drafts_B, 0, num_drafts)).astype(jnp.int32)
     draft_BxN, q_BxNxV, drafter_state = proposal.draft_BxG, proposal.q_BxGxV, proposal.state
-    if drafter.shares_target_cache:
-      decode = decode.replace(cache=proposal.shared_cache)
+    decode = _after_drafting(drafter, decode, proposal)
   new, view, drafted_B, accepted_B, num_accepted_B, k_B = _call(
       loop, num_drafts, target_params, keys_B, max_new_B, decode, draft_BxN, q_BxNxV, k_B)
   return _Branch(new, drafter_state, k_B, view, drafted_B, accepted_B, num_accepted_B)
+
+
+def _after_drafting(drafter: Drafter, decode, proposal):
+  """The decode state a call verifies from: a drafter that shares the target's
+  cache (self-drafting) hands back the cache it wrote its drafts' keys into."""
+  return decode.replace(cache=proposal.shared_cache) if drafter.shares_target_cache else decode
 
 
 def _verify_branch(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_new_B,
@@ -255,9 +261,7 @@ def _tree_step(loop: program_lib.Loop, target_params, keys_B, max_new_B, state: 
                propose_kwargs) -> _Branch:
   """Verify the whole tree, or take a plain step when no live row has a valid node."""
   proposal = tree_verify.propose(loop.drafter, loop.tree, **propose_kwargs)
-  decode = state.decode
-  if loop.drafter.shares_target_cache:
-    decode = decode.replace(cache=proposal.shared_cache)
+  decode = _after_drafting(loop.drafter, state.decode, proposal)
   any_valid = jnp.any(jnp.any(proposal.valid_BxN, axis=1) & ~decode.done_B)
 
   def tree_call(carry: _Branch) -> _Branch:
@@ -303,8 +307,7 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
     out = _select(index, branches, _placeholders(branches[-1], carry))
   else:
     proposal = drafter.propose(gamma=gamma, **propose_kwargs)
-    if drafter.shares_target_cache:
-      decode = decode.replace(cache=proposal.shared_cache)
+    decode = _after_drafting(drafter, decode, proposal)
     evidence_B = jnp.clip(proposal.num_drafts_B, 0, gamma).astype(jnp.int32)
     index, k_B = draft_length.choose(policy, costs_N, state.history, evidence_B, live_B,
                                      remaining_B)

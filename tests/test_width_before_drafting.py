@@ -5,7 +5,7 @@ from acceptance history before such a drafter proposes, and a plain step
 drafts nothing; a free drafter (n-gram) drafts gamma first and the width
 follows its evidence. A spy records, on the host, the width of every
 `propose` that actually ran inside the compiled loop (`jax.debug.callback`
-runs only in the `lax.switch` branch taken).
+runs only in the branch the step takes).
 """
 
 from __future__ import annotations
@@ -64,8 +64,11 @@ def test_when_drafting_never_pays_nothing_is_drafted(name):
   assert out.new_tokens == greedy_reference()
   assert widths == []
   assert out.plain_calls == [c - 1 for c in out.target_calls]
-  # The same drafter declared free drafts gamma at every step and only then takes
-  # the plain step its evidence does not pay for: the spy sees what it should.
+  if name != 'early_exit':
+    return
+  # The control, for one drafter (the spy is the same for all): declared free, it
+  # drafts gamma at every step and only then takes the plain step its evidence
+  # does not pay for, and the spy sees every one of those drafts.
   free = []
   out = generate(spying(DRAFTERS[name], free, costly_drafts=False), PROMPTS,
                  costs=(1.0, 100.0, 100.0))

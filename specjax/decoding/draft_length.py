@@ -11,8 +11,9 @@ each step:
      decayed count of accepted and rejected drafts with a Beta prior);
   3. among the static buckets of draft counts (0 = a plain decode step, ...,
      gamma), the step takes the one that maximises expected committed tokens
-     per unit of cost, weighted over the live rows:
-        sum_b w_b E(a_b, min(k_b, n)) / cost(n),   E(a, k) = (1 - a^(k+1)) / (1 - a)
+     per unit of cost, counted by how they shorten the batch's finishing time
+     (below); at batch 1 that is
+        E(a, min(k, n)) / cost(n),   E(a, k) = (1 - a^(k+1)) / (1 - a)
      (Leviathan et al. 2023), with cost(n) the measured cost of a call over
      n + 1 positions at this batch size relative to a decode step;
   4. every row verifies min(k_b, n) drafts; the call's shape is the bucket's.
@@ -44,10 +45,10 @@ first and choosing after would pay for drafts that a plain step throws away:
 a draft step of the target's own layers costs 0.6 of a decode step on a 2-core
 CPU.
 
-Each bucket is one branch of the compiled program (a while loop of zero or one
-iterations, `speculative._select`), so the loop never leaves the device. With `adaptive=False`
-every step verifies all gamma drafts of every row (the classic fixed-gamma
-loop). The choice depends only on committed tokens and past acceptances,
+Each bucket is one branch of the compiled program (a while loop of zero or
+one iterations, `speculative._select`), so the loop never leaves the device.
+With `adaptive=False` every step verifies all gamma drafts of every row (the
+classic fixed-gamma loop). The choice depends only on committed tokens and past acceptances,
 never on the target's output for this step, so sampling stays exact.
 """
 

@@ -19,9 +19,9 @@ model and flags:
 
 Methods are `ngram@G` (fixed: gamma G drafts verified every step) and
 `ngram~G` (adaptive: up to G, by evidence and measured costs); `ngram~G/T` sets
-the adaptive policy's finish_softness to T tokens (`inf`: every row counts
-alike, the sum over rows), to compare batch-aware weightings side by side. Compilation is
-excluded (each program runs once untimed first). Rows go to `<out>/rows.jsonl`
+the adaptive policy's finish_softness to T tokens (`inf`: the mean over rows,
+the rule before the finishing time counted), to compare them side by side.
+Compilation is excluded (each program runs once untimed first). Rows go to `<out>/rows.jsonl`
 as they are measured, and a rerun resumes from them.
 
   .venv/bin/python benchmarks/speculative.py --per_category=2 --max_new_tokens=128

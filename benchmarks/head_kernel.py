@@ -3,11 +3,14 @@ r"""The tied head's cost against the number of positions it scores, as XLA:CPU c
 A verify call over gamma + 1 positions runs the 262,144 x 640 head on
 gamma + 1 rows; a decode step on one. This prints, for N = 1..16 rows, the
 head's CPU time (all threads; steadier than wall time on a shared machine)
-relative to N = 1, in the layout the model uses (W[V, D] @ x[N, D]^T, `gemma.linear`)
-and in the plain x @ W^T. Every logit is consumed (an argmax), or XLA would slice
+relative to N = 1, in three forms: the matmul in the model's layout
+(W[V, D] @ x[N, D]^T, `gemma.linear`), the plain x @ W^T, and what the model's head
+runs (`gemma.head_logits`: on CPU a multiply-and-reduce for 2 to 64 rows). Every logit is consumed (an argmax), or XLA would slice
 the matmul away. On the 2-core AVX2 EPYC of December 2026 the cost came in steps
 (N = 2-4, 5-8 and 9-16 each cost about the same), so a chain of 4 drafts
-(5 rows) pays what 7 drafts or a 7-node tree would.
+(5 rows) pays what 7 drafts or a 7-node tree would. On the 2-core AVX-512 EPYC of
+2 December 2026 the multiply-and-reduce took 26-30 ms at 5 rows against 34-45 ms for
+the matmul, with N = 1 at 15-18 ms.
 
   python benchmarks/head_kernel.py [--max_rows=16] [--repeats=5]
 """
@@ -20,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cpu_info
+from specjax.models import gemma
 
 VOCAB, WIDTH = 262_144, 640
 
@@ -46,17 +50,18 @@ def main():
   model_layout = jax.jit(lambda w, x: jnp.argmax(
       jax.lax.optimization_barrier(jnp.einsum('oi,ni->on', w, x)), axis=0))
   plain_layout = jax.jit(lambda w, x: jnp.argmax(jnp.einsum('ni,oi->no', x, w), axis=1))
+  head = jax.jit(lambda w, x: jnp.argmax(gemma.head_logits(x[None], w)[0], axis=-1))
+  forms = (model_layout, plain_layout, head)
   rows = []
   for n in range(1, args.max_rows + 1):
     x_NxD = jnp.asarray(rng.normal(size=(n, WIDTH)).astype(np.float32))
-    rows.append((n, cpu_ms(model_layout, w_VxD, x_NxD, repeats=args.repeats),
-                 cpu_ms(plain_layout, w_VxD, x_NxD, repeats=args.repeats)))
+    rows.append((n, *(cpu_ms(f, w_VxD, x_NxD, repeats=args.repeats) for f in forms)))
   base = rows[0][1]
-  print('\n| rows N | W @ x^T (ms CPU) | / N=1 | x @ W^T (ms CPU) | / N=1 |')
-  print('|---|---|---|---|---|')
-  for n, model_ms, plain_ms in rows:
-    print(f'| {n} | {model_ms:.1f} | {model_ms / base:.2f} | {plain_ms:.1f} | '
-          f'{plain_ms / base:.2f} |')
+  print('\n| rows N | W @ x^T (ms CPU) | / N=1 | x @ W^T (ms CPU) | / N=1 '
+        '| head_logits (ms CPU) | / N=1 |')
+  print('|---|---|---|---|---|---|---|')
+  for n, *times in rows:
+    print(f'| {n} | ' + ' | '.join(f'{t:.1f} | {t / base:.2f}' for t in times) + ' |')
 
 
 if __name__ == '__main__':

@@ -100,6 +100,19 @@ def test_logit_indices_pick_positions():
   np.testing.assert_allclose(picked[0], full[0, jnp.array([7, 2])], atol=1e-6)
 
 
+@pytest.mark.parametrize('batch,rows', [(1, 1), (1, 2), (1, 5), (4, 5), (8, 8), (5, 13)])
+def test_head_logits_equal_the_matmul_whichever_form_it_takes(batch, rows):
+  # 1 row and more than 64 take the matmul, 2 to 64 the CPU's multiply-and-reduce.
+  rng = np.random.default_rng(batch * 100 + rows)
+  table_VxD = rng.normal(size=(3000, 48)).astype(np.float32)
+  x_BxRxD = rng.normal(size=(batch, rows, 48)).astype(np.float32)
+  expected = np.einsum('brd,vd->brv', x_BxRxD.astype(np.float64), table_VxD.astype(np.float64))
+  got = np.asarray(jax.jit(gemma.head_logits)(jnp.asarray(x_BxRxD), jnp.asarray(table_VxD)))
+  assert got.shape == (batch, rows, 3000) and got.dtype == np.float32
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+  assert np.array_equal(got.argmax(-1), expected.argmax(-1))
+
+
 PROMPTS = [[5, 9, 3], [7, 1, 2, 8, 4, 6, 1, 2, 30, 31, 33], [11], [3, 3, 5, 2, 9]]
 
 

@@ -381,11 +381,13 @@ def head_logits(x_BxRxD: Array, table_VxD: Array) -> Array:
   of them) it is written as an elementwise product reduced over D, which XLA
   emits as one fused pass over the table with each row's D values kept in
   cache, instead of a call to its general matmul, which is slow on a
-  262,144 x 640 by 640 x 5 product. Measured on a 2-core AVX-512 EPYC
-  (benchmarks/head_kernel.py): at 5 rows 26-30 ms against 34-45 ms, at 9 rows
-  33-36 against 42-58; the whole verify call over 5 positions of the 270M went
-  from 1.86 to 1.62 decode steps. One row stays a matrix-vector product (XLA's
-  own GEMV reads the table at memory speed), and so does a large batch.
+  262,144 x 640 by 640 x 5 product. Measured on a 2-core AVX-512 EPYC, the
+  head alone: at 5 rows 26-30 ms against 34-45 ms, at 9 rows 33-36 against
+  42-58 (three runs). In a whole verify call of the 270M the gain is smaller
+  and noisy: over 5 positions 1.62 against 1.86 decode steps in one run, 1.67
+  against 1.75 in another (benchmarks/verify_cost.py). One row stays a
+  matrix-vector product (XLA's own GEMV reads the table at memory speed), and
+  so does a large batch.
   """
   b, r, d = x_BxRxD.shape
   rows = b * r

@@ -20,7 +20,9 @@ model and flags:
 Methods are `ngram@G` (fixed: gamma G drafts verified every step) and
 `ngram~G` (adaptive: up to G, by evidence and measured costs); `ngram~G/T` sets
 the adaptive policy's finish_softness to T tokens (`inf`: the mean over rows,
-the rule before the finishing time counted), to compare them side by side.
+the rule before the finishing time counted), and `ngram~G/T/S` its
+outcome_samples to S (0: a call valued at each row's expected tokens, the rule
+before outcomes counted), to compare them side by side.
 Compilation is excluded (each program runs once untimed first). Rows go to `<out>/rows.jsonl`
 as they are measured, and a rerun resumes from them.
 
@@ -116,15 +118,16 @@ class Methods:
     gamma, adaptive = _gamma(method), method[5] == '~'
     if not adaptive:
       return draft_length.fixed(gamma)
-    softness = (float(method.split('/')[1]) if '/' in method
-                else draft_length.Policy.finish_softness)
+    parts = method.split('/')
+    softness = float(parts[1]) if len(parts) > 1 else draft_length.Policy.finish_softness
+    samples = int(parts[2]) if len(parts) > 2 else draft_length.Policy.outcome_samples
     batch, slots = packed.tokens_BxS.shape
     buckets = draft_length.default_buckets(gamma)
     costs = tuple(max(1.0, self.seconds(n + 1, batch, slots) / self.seconds(1, batch, slots))
                   for n in buckets)
     logging.info('costs %s at batch %d, %d slots: %s', buckets, batch, slots, costs)
     return speculative.make_policy(gamma, batch, buckets=buckets, costs=costs,
-                                   finish_softness=softness)
+                                   finish_softness=softness, outcome_samples=samples)
 
   def run(self, method, prompts, row_ids):
     gamma = 0 if method == 'autoregressive' else _gamma(method)

@@ -72,8 +72,10 @@ def get_config(arg=None):
   # adaptive=False verifies gamma drafts every step. Empty buckets: 0, ~gamma/2,
   # gamma; empty costs: measured on this device for each batch shape. In a batch,
   # rows that lag by more than ~finish_softness tokens decide (a batch finishes
-  # with its slowest row).
-  c.draft_length = dict(adaptive=True, buckets=(), costs=(), finish_softness=4.0)
+  # with its slowest row), a call valued over outcome_samples outcomes of its
+  # acceptances (0: at expected tokens).
+  c.draft_length = dict(adaptive=True, buckets=(), costs=(), finish_softness=4.0,
+                        outcome_samples=64)
   # '' = chains of gamma drafts. Else a static token tree verified in one target call
   # per step: 'chain-G', 'medusa-16', 'eagle-25', or parent indices '-1,0,0,1' (node i
   # continues node parents[i]; -1 is the pending token). With a tree, gamma is its

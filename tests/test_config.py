@@ -139,6 +139,10 @@ def test_draft_model_drafter_needs_a_checkpoint():
      r'config.draft_length.finish_softness must be > 0 tokens'),
     ('draft_length', {'finish_softness': 'wide'},
      r'config.draft_length.finish_softness must be a number'),
+    ('draft_length', {'outcome_samples': -8},
+     r'config.draft_length.outcome_samples must be an int >= 0'),
+    ('draft_length', {'outcome_samples': 6.5},
+     r'config.draft_length.outcome_samples must be an int'),
 ])
 def test_bad_nested_settings_fail_before_anything_loads(key, value, message):
   values = get_config().to_dict()

@@ -250,3 +250,77 @@ def test_expected_tokens_is_leviathans_formula():
   a, k = 0.6, 4
   assert float(draft_length.expected_tokens(jnp.asarray([a]), jnp.asarray([k]))[0]) == \
       pytest.approx((1 - a ** (k + 1)) / (1 - a), rel=1e-6)
+
+
+def test_committed_samples_follow_the_truncated_geometric_law():
+  """Each outcome commits 1 + the accepted prefix, at most k + 1 tokens; their
+  mean is Leviathan's expected tokens, and no draft means exactly one token."""
+  a_B = jnp.asarray([0.05, 0.3, 0.6, 0.9, 0.99])
+  k_NxB = jnp.asarray([[0] * 5, [2] * 5, [4] * 5, [7] * 5])
+  x_SxNxB = np.asarray(draft_length.committed_samples(a_B, k_NxB, 256))
+  assert x_SxNxB.shape == (256, 4, 5)
+  assert np.array_equal(x_SxNxB, np.round(x_SxNxB))
+  assert (x_SxNxB >= 1).all() and (x_SxNxB <= np.asarray(k_NxB)[None] + 1).all()
+  assert (x_SxNxB[:, 0] == 1).all()
+  expected_NxB = draft_length.expected_tokens(a_B[None, :], k_NxB)
+  np.testing.assert_allclose(x_SxNxB.mean(axis=0), expected_NxB, rtol=0.02)
+  # The share of outcomes that accept the whole chain is a^k.
+  np.testing.assert_allclose((x_SxNxB[:, 2] == 5).mean(axis=0), np.asarray(a_B) ** 4, atol=0.01)
+
+
+def test_a_batch_call_is_worth_no_more_over_outcomes_than_at_expected_tokens():
+  """The smooth maximum is convex, so averaging its reduction over outcomes never
+  values a call above the reduction at each row's expected tokens (Jensen), and
+  a plain step is still worth exactly 1."""
+  rng = np.random.default_rng(0)
+  policy = draft_length.Policy((0, 2, 4), (1.0, 1.5, 1.9), finish_softness=2.0)
+  for _ in range(20):
+    batch = int(rng.integers(2, 17))
+    a_B = jnp.asarray(rng.uniform(0.05, 0.95, batch), jnp.float32)
+    evidence_B = jnp.asarray(rng.integers(0, 5, batch))
+    remaining_B = jnp.asarray(rng.integers(5, 60, batch))
+    live_B = jnp.asarray(rng.random(batch) < 0.9).at[0].set(True)
+    k_NxB = jnp.minimum(evidence_B[None, :], jnp.asarray(policy.buckets)[:, None])
+    at_mean = draft_length.finish_reduction(
+        policy, remaining_B, draft_length.expected_tokens(a_B[None, :], k_NxB), live_B)
+    over = draft_length.finish_reduction(
+        policy, remaining_B, draft_length.committed_samples(a_B, k_NxB, 256), live_B)
+    assert float(over[0]) == pytest.approx(1.0, abs=1e-5)
+    assert (np.asarray(over) <= np.asarray(at_mean) + 0.02).all()
+
+
+def test_a_large_level_batch_does_not_verify_on_the_prior_alone():
+  """Sixteen level rows, each with a match but no history (acceptance at the
+  prior, 0.5), and calls that cost what they cost a 2-core CPU at batch 16:
+  valued at expected tokens every row gains 1.75 and a call over 2 drafts looks
+  worth its 1.53 decode steps; over outcomes, some row almost surely rejects its
+  first draft and stays the maximum, so the step is a plain one. Rows with a
+  strong history still verify."""
+  policy = draft_length.Policy((0, 2, 4), (1.0, 1.53, 2.15), finish_softness=1.0)
+  costs = jnp.asarray(policy.costs)
+  live = jnp.ones((16,), bool)
+  evidence = jnp.full((16,), 4)
+  remaining = jnp.full((16,), 100)
+  fresh = draft_length.History.init(16)
+  at_mean = dataclasses.replace(policy, outcome_samples=0)
+  assert int(draft_length.choose(at_mean, costs, fresh, evidence, live, remaining)[0]) > 0
+  assert int(draft_length.choose(policy, costs, fresh, evidence, live, remaining)[0]) == 0
+  proven = draft_length.History(jnp.full((16,), 40.0), jnp.zeros((16,)))
+  assert int(draft_length.choose(policy, costs, proven, evidence, live, remaining)[0]) > 0
+  with pytest.raises(ValueError, match='outcome_samples'):
+    draft_length.Policy((0, 4), (1.0, 1.9), outcome_samples=-1)
+
+
+def test_drafts_past_what_a_row_has_left_are_worth_nothing():
+  """With 3 tokens left a call over 2 drafts commits as much as one over 4, so the
+  cheaper one is taken; taking min(E, R) instead valued the fourth draft."""
+  policy = draft_length.Policy((0, 2, 4), (1.0, 1.4, 1.8))
+  proven = draft_length.History(jnp.asarray([40.0]), jnp.zeros((1,)))
+  live, evidence = jnp.asarray([True]), jnp.asarray([4])
+  def width(remaining):
+    index, _ = draft_length.choose(policy, jnp.asarray(policy.costs), proven, evidence, live,
+                                   jnp.asarray([remaining]))
+    return policy.buckets[int(index)]
+  assert width(40) == 4
+  assert width(3) == 2
+  assert width(1) == 0   # one token left: a plain step commits it

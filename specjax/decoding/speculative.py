@@ -373,7 +373,8 @@ def check_gamma(gamma) -> int:
 
 def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
                 buckets: Sequence[int] = (), costs: Sequence[float] = (),
-                finish_softness: float = draft_length.Policy.finish_softness
+                finish_softness: float = draft_length.Policy.finish_softness,
+                outcome_samples: int = draft_length.Policy.outcome_samples
                 ) -> draft_length.Policy:
   """The draft-length policy for `gamma`: fixed, or adaptive over `buckets`
   (default: 0, about gamma / 2, gamma) with measured `costs` (default: the
@@ -386,7 +387,7 @@ def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
                      f'gamma={gamma}, got {buckets}')
   costs = tuple(costs) or draft_length.roofline_costs(buckets, batch)
   return draft_length.Policy(buckets=buckets, costs=costs, adaptive=True,
-                             finish_softness=finish_softness)
+                             finish_softness=finish_softness, outcome_samples=outcome_samples)
 
 
 def generate(target: LanguageModel, target_params, drafter: Drafter,

@@ -36,7 +36,8 @@ SHARED_KEYS = ('model', 'tokenizer', 'prompts', 'max_new_tokens', 'temperature',
 # Every drafter's rows also depend on the loop's draft-length settings and on
 # its own nested settings entry (named like the drafter).
 _LOOP_KEYS = ('gamma', 'draft_length')
-DRAFT_LENGTH_KEYS = {'adaptive': bool, 'buckets': tuple, 'costs': tuple, 'finish_softness': float}
+DRAFT_LENGTH_KEYS = {'adaptive': bool, 'buckets': tuple, 'costs': tuple, 'finish_softness': float,
+                     'outcome_samples': int}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,10 +172,15 @@ class ExperimentConfig:
                f'draft_length.{key}', f'must be a number, got {value!r}')
         continue
       _check(isinstance(value, (kind, list)) and (kind is bool) == isinstance(value, bool),
-             f'draft_length.{key}', f'must be a {kind.__name__}, got {value!r}')
+             f'draft_length.{key}',
+             f'must be {"an" if kind is int else "a"} {kind.__name__}, got {value!r}')
     softness = values.get('finish_softness', draft_length.Policy.finish_softness)
     _check(softness > 0, 'draft_length.finish_softness',
            f'must be > 0 tokens (the smooth maximum over rows of remaining tokens), got {softness}')
+    samples = values.get('outcome_samples', draft_length.Policy.outcome_samples)
+    _check(isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0,
+           'draft_length.outcome_samples',
+           f'must be an int >= 0 (0: value a call at expected tokens), got {samples!r}')
     buckets = tuple(values.get('buckets', ()))
     costs = tuple(values.get('costs', ()))
     _check(all(isinstance(b, int) and 0 <= b <= self.gamma for b in buckets),

@@ -114,4 +114,5 @@ def _policy(model, params, config: ExperimentConfig, drafter, shape_BxS: tuple[i
                  ' (drafting included)' if drafter.costly_drafts else '')
   return speculative.make_policy(
       config.gamma, shape_BxS[0], buckets=buckets, costs=costs,
-      finish_softness=settings.get('finish_softness', draft_length.Policy.finish_softness))
+      finish_softness=settings.get('finish_softness', draft_length.Policy.finish_softness),
+      outcome_samples=settings.get('outcome_samples', draft_length.Policy.outcome_samples))

@@ -47,7 +47,10 @@ the average one, is the maximum after the step. On a 2-core AVX-512 CPU
 run; experiments/2026-12-batch-policy-gemma270m-cpu) n-gram drafting at batch
 4 / 8 / 16 ran 1.09x / 1.10x / 0.98x of plain decoding valued at expected
 tokens and 1.12x / 1.11x / 1.03x over outcomes; an earlier run at batch 16
-valued at expected tokens gave 0.81x.
+valued at expected tokens gave 0.81x, and a later one, where batch-16 calls
+measured dearer and both rules took plain steps there, 1.09x / 1.01x / 1.01x
+against 1.04x / 1.04x / 0.99x: the measured difference is within what runs
+move by, the argument for outcomes is Jensen's.
 
 For a drafter whose drafts are costly (`Drafter.costly_drafts`: a network per
 draft) the order changes: its evidence is taken to be gamma, the bucket is

@@ -58,8 +58,12 @@ def spec_generate(*args, adaptive=False, **kwargs):
   if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
     return speculative.generate(*args, **kwargs)   # so generate's own check reports it
   if adaptive:
+    # The costs are set for a call valued at expected tokens (outcome_samples=0);
+    # valued over outcomes a batch of 4 drafts less. That rule runs in the loop in
+    # test_outcome_valued_policy_in_the_loop_is_exact.
     buckets = draft_length.default_buckets(gamma)
-    kwargs['policy'] = draft_length.Policy(buckets, tuple(1.0 + 0.27 * n for n in buckets))
+    kwargs['policy'] = draft_length.Policy(buckets, tuple(1.0 + 0.27 * n for n in buckets),
+                                           outcome_samples=0)
   else:
     kwargs['policy'] = draft_length.fixed(gamma)
   return speculative.generate(*args, **kwargs)
@@ -473,3 +477,16 @@ def test_gamma_100_with_8_new_tokens_counts_only_what_was_committed():
   assert out.target_calls == [2]                    # the prefill and one verify call
   assert out.accepted_tokens == [7] and out.drafted_tokens == [7]   # 7 committed after the first
   assert out.accepted_tokens[0] <= len(out.new_tokens[0]) - 1
+
+
+def test_outcome_valued_policy_in_the_loop_is_exact():
+  """The default batch valuation (over 64 outcomes) compiled into the loop at batch 4
+  of mixed lengths: greedy output equals autoregressive, and with cheap calls it
+  both drafts and takes plain steps."""
+  buckets = draft_length.default_buckets(3)
+  policy = draft_length.Policy(buckets, tuple(1.0 + 0.1 * n for n in buckets))
+  assert policy.outcome_samples > 0
+  out = speculative.generate(PADDED, TARGET_PARAMS, DRAFTERS['ngram'], PROMPTS, gamma=3,
+                             max_new_tokens=MAX_NEW, eos_ids=(eos_id(),), policy=policy)
+  assert out.new_tokens == greedy_reference()
+  assert sum(out.drafted_tokens) > 0 and sum(out.plain_calls) > 0

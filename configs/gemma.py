@@ -65,7 +65,7 @@ def get_config(arg=None):
   c.mesh_model = 1
   # Speculative decoding.
   c.drafters = ('ngram',)       # any of 'ngram', 'draft_model', 'early_exit', 'layer_skip',
-                                # 'medusa', 'eagle'
+                                # 'medusa', 'eagle', 'hybrid'
   c.gamma = 4                   # the most tokens drafted per target call
   # Per step, each row verifies as many drafts as its evidence supports and the
   # call's width maximises expected tokens per measured cost (0 = a plain step);
@@ -97,6 +97,9 @@ def get_config(arg=None):
   # EAGLE-3-style feature drafter: 'embedded' = the one shipped for the embedded 270M, else a
   # directory `python -m specjax.train --config=configs/train_eagle.py` wrote.
   c.eagle = dict(checkpoint='embedded', min_confidence=0.0)
+  # N-gram lookup where the context has a match, `drafter` (eagle, medusa, layer_skip or
+  # early_exit, with its own entry above) where it has none.
+  c.hybrid = dict(drafter='eagle', max_n=3, min_n=1, matches=4)
   c.update(parse_arg(arg, c))
   return c
 

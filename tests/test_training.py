@@ -59,11 +59,13 @@ def recipe(**overrides) -> distill_data.Recipe:
 
 # ------------------------------------------------------------------ the loss
 
-@pytest.mark.parametrize('drafter', ['medusa', 'eagle'])
-def test_training_steps_lower_the_loss_on_a_fixed_batch(drafter):
+@pytest.mark.parametrize('drafter,loss', [('medusa', ''), ('eagle', ''), ('distilled', 'tv'),
+                                          ('distilled', 'kl')])
+def test_training_steps_lower_the_loss_on_a_fixed_batch(drafter, loss):
   tokens, lengths = distill_data.make_shard(TARGET, TARGET_PARAMS, recipe(), 0)
   cfg = config(pathlib.Path('/unused'), drafter=drafter, steps=40, warmup_steps=1,
-               eagle=dict(steps=3, mlp_width=32))
+               eagle=dict(steps=3, mlp_width=32),
+               distilled=dict(layers=1, loss=loss) if loss else {})
   goal = trainer.make_objective(cfg, TARGET.config)
   tx = trainer.optimizer(cfg)
   params = goal.init(jax.random.key(0), TARGET_PARAMS)
@@ -92,7 +94,7 @@ def test_labels_are_the_tokens_two_and_more_ahead_inside_the_sequence_and_vocabu
 
 # ----------------------------------------------------------- resume, exactly
 
-@pytest.mark.parametrize('drafter', ['medusa', 'eagle'])
+@pytest.mark.parametrize('drafter', ['medusa', 'eagle', 'distilled'])
 def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path, monkeypatch, drafter):
   small = dict(drafter=drafter, eagle=dict(steps=2, mlp_width=32))
   unbroken = config(tmp_path / 'a', **small)
@@ -199,6 +201,26 @@ def test_trained_heads_beat_untrained_ones_on_held_out_text(tmp_path, monkeypatc
   assert trained['heldout_loss'] < untrained['heldout_loss']
 
 
+def test_a_distilled_student_beats_the_target_cut_short_it_started_from(tmp_path):
+  """The student starts as the target's first block (an early exit); trained on the
+  target's text it drafts better on shards held out, and its loss there falls."""
+  cfg = config(tmp_path, drafter='distilled', distilled=dict(layers=1, loss='tv'), steps=80,
+               eval_every=80, log_every=20, checkpoint_every=80, learning_rate=1e-2,
+               final_learning_rate=1e-3,
+               data=dict(num_shards=5, sequences_per_shard=8, seq_len=32, start_tokens=3,
+                         sampled_fraction=0.0, seed=3, bos_id=2, eos_ids=()))
+  trained = trainer.train(cfg)
+  tokens, lengths = distill_data.load(os.path.join(cfg.output_dir, 'data'), [4])
+  goal = trainer.make_objective(cfg, TARGET.config)
+  features = trainer.target_features(TARGET, TARGET_PARAMS, tokens, goal.hidden_layers, 4)
+  untrained = trainer.evaluate(goal, goal.init(None, TARGET_PARAMS),
+                               goal.frozen(TARGET_PARAMS, None), features, tokens, lengths, 4)
+  assert trained['heldout_mean_accepted_tokens'] > untrained['heldout_mean_accepted_tokens'] + 0.3
+  assert trained['heldout_loss'] < 0.8 * untrained['heldout_loss']
+  with pytest.raises(ValueError, match=r'config.distilled.layers: .*1 .. 3 layers.*got 4'):
+    trainer.train(config(tmp_path / 'b', drafter='distilled', distilled=dict(layers=4)))
+
+
 def test_heads_train_on_a_reduced_draft_vocabulary_and_ship_it(tmp_path):
   ranked = np.random.default_rng(0).permutation(TARGET.config.vocab_size).astype(np.int32)
   path = str(tmp_path / 'vocab.npz')
@@ -250,6 +272,9 @@ def test_a_drafter_checkpoint_for_another_target_or_damaged_is_refused(tmp_path)
     ('heldout_shards', 3, 'must leave training shards'),
     ('warmup_steps', 8, 'warmup_steps must be in'),
     ('num_heads', 0, 'num_heads must be >= 1'),
+    ('distilled', {'layer': 1}, 'config.distilled has unknown key'),
+    ('distilled', {'loss': 'mse'}, "config.distilled.loss must be one of kl, tv, got 'mse'"),
+    ('distilled', {'layers': 1.5}, 'config.distilled.layers must be int'),
 ])
 def test_bad_training_config_values_are_named(tmp_path, key, value, message):
   with pytest.raises(ValueError, match=message):
@@ -258,7 +283,7 @@ def test_bad_training_config_values_are_named(tmp_path, key, value, message):
 
 # ---------------------------------------------------- trained heads, end to end
 
-@pytest.mark.parametrize('drafter', ['medusa', 'eagle'])
+@pytest.mark.parametrize('drafter', ['medusa', 'eagle', 'distilled'])
 def test_the_tiny_recipe_trains_a_drafter_that_a_run_serves_exactly(tmp_path, monkeypatch,
                                                                     drafter):
   """configs/train_<drafter>.py:tiny, then `run_experiment` with drafters=(drafter,):
@@ -276,13 +301,14 @@ def test_the_tiny_recipe_trains_a_drafter_that_a_run_serves_exactly(tmp_path, mo
   final = trainer.train(trainer.TrainConfig.from_config(train_config))
   assert final['heldout_mean_accepted_tokens'] >= 1.0
   weights_dir = str(tmp_path / 'train' / 'drafter')
-  config = test_experiment.tiny_config(tmp_path / 'run', drafters=(drafter,), gamma=3,
-                                       **{drafter: dict(checkpoint=weights_dir,
-                                                        min_confidence=0.0)})
+  served = 'draft_model' if drafter == 'distilled' else drafter   # a distilled model drafts so
+  config = test_experiment.tiny_config(tmp_path / 'run', drafters=(served,), gamma=3,
+                                       **{served: dict(checkpoint=weights_dir,
+                                                       min_confidence=0.0)})
   experiment.run_experiment(config)
   rows = test_experiment.read_rows(config)
-  assert [r['method'] for r in rows].count(drafter) == 3
-  assert all(r['identical_to_baseline'] for r in rows if r['method'] == drafter)
+  assert [r['method'] for r in rows].count(served) == 3
+  assert all(r['identical_to_baseline'] for r in rows if r['method'] == served)
   # The same weights for a target of another vocabulary: refused before anything runs.
   manifest = json.loads(open(os.path.join(weights_dir, 'drafter.json')).read())
   manifest['target']['vocab_size'] += 1

@@ -103,9 +103,11 @@ class HiddenBigram:
     return jnp.zeros((batch,), jnp.float32)
 
   def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-              num_layers=None, hidden_layers=(), tree_mask=None):
+              num_layers=None, hidden_layers=(), tree_mask=None, logits=True):
     del positions_BxT, num_layers, tree_mask  # a bigram: context plays no part
     hidden_BxTxD = params['hidden_VxD'][tokens_BxT]
+    if not logits:
+      return gemma.ForwardOutput(None, cache, hidden_BxTxD, None)
     logits = jnp.einsum('btd,vd->btv', hidden_BxTxD, params['embedding_VxD'])
     if logit_indices_BxR is not None:
       logits = jnp.take_along_axis(logits, logit_indices_BxR[:, :, None], axis=1)

@@ -1,6 +1,7 @@
 """Drafters: n-gram prompt lookup, a smaller draft model, the target cut short
 (its early layers, or all but a skipped set), and drafters trained on its hidden
-states: Medusa heads and an EAGLE-3-style feature-space layer.
+states: Medusa heads and an EAGLE-3-style feature-space layer; and a hybrid
+of n-gram lookup with one of the network drafters.
 
 Each drafter module owns its `Settings` (one nested config entry, e.g.
 `c.ngram = dict(max_n=3, min_n=1)`), checked by `settings_for` where the
@@ -15,6 +16,7 @@ from typing import Any
 from specjax.drafters import draft_model as draft_model_lib
 from specjax.drafters import eagle as eagle_lib
 from specjax.drafters import early_exit as early_exit_lib
+from specjax.drafters import hybrid as hybrid_lib
 from specjax.drafters import layer_skip as layer_skip_lib
 from specjax.drafters import medusa as medusa_lib
 from specjax.drafters import ngram as ngram_lib
@@ -28,13 +30,24 @@ SETTINGS = {
     'layer_skip': layer_skip_lib.Settings,
     'medusa': medusa_lib.Settings,
     'eagle': eagle_lib.Settings,
+    'hybrid': hybrid_lib.Settings,
 }
 DRAFTER_NAMES = tuple(SETTINGS)
 # Drafters that fill branching token trees (`Drafter.propose_tree`); the others
 # verify chain-shaped trees only.
-TREE_DRAFTERS = ('ngram', 'medusa', 'eagle')
+TREE_DRAFTERS = ('ngram', 'medusa', 'eagle', 'hybrid')   # hybrid: with medusa or eagle
 # Drafters whose weights `python -m specjax.train` makes (`checkpoints.drafter_io`).
 TRAINED_DRAFTERS = ('medusa', 'eagle')
+
+
+def network_drafter(name: str, settings: Any = None) -> str:
+  """The drafter whose weights and settings `name` runs: the hybrid's fallback
+  (`config.hybrid.drafter`), else `name` itself."""
+  if name != 'hybrid':
+    return name
+  if settings is None or isinstance(settings, Mapping) or hasattr(settings, 'to_dict'):
+    settings = settings_for(name, settings)
+  return settings.drafter
 
 
 def settings_for(name: str, values: Mapping[str, Any] | None = None):
@@ -48,15 +61,23 @@ def settings_for(name: str, values: Mapping[str, Any] | None = None):
 def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
                  draft_model: tuple[LanguageModel, object] | None = None,
                  target_params=None, tokenizer: str | None = None,
-                 trained: tuple[object, object, dict] | None = None) -> Drafter:
+                 trained: tuple[object, object, dict] | None = None,
+                 fallback_settings: Any = None) -> Drafter:
   """Builds a drafter by name; `settings` is its Settings or a mapping of them,
-  `draft_model` is (model, params) for 'draft_model'. The self-drafters take
+  `draft_model` is (model, params) or (model, params, draft vocabulary ids)
+  for 'draft_model' (`experiments.loading.load_draft_model`). The self-drafters take
   `target_params` (a reduced head is gathered from them) and `tokenizer`, the
   fingerprint a draft vocabulary file must carry (None: not checked).
   `trained` is (weights, draft vocabulary ids or None, manifest) for 'medusa'
-  and 'eagle', as `checkpoints.drafter_io.load_drafter` returns them."""
+  and 'eagle', as `checkpoints.drafter_io.load_drafter` returns them. For
+  'hybrid' they (and `fallback_settings`, the fallback's own entry) build the
+  network drafter it falls back to."""
   if settings is None or isinstance(settings, Mapping) or hasattr(settings, 'to_dict'):
     settings = settings_for(name, settings)
+  if name == 'hybrid':
+    fallback = make_drafter(settings.drafter, target=target, settings=fallback_settings,
+                            target_params=target_params, tokenizer=tokenizer, trained=trained)
+    return hybrid_lib.make(settings, fallback)
   if name == 'ngram':
     return ngram_lib.make(settings)
   if name == 'early_exit':
@@ -69,12 +90,13 @@ def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
     if draft_model is None:
       raise ValueError("the 'draft_model' drafter needs a draft model checkpoint "
                        '(config key draft_model.checkpoint)')
-    model, params = draft_model
+    model, params, *vocab_ids = draft_model
     if model.config.vocab_size != target.config.vocab_size:
       raise ValueError(
           f'draft model vocabulary ({model.config.vocab_size} tokens) differs from the '
           f"target's ({target.config.vocab_size}): a drafter must share the target's vocabulary")
-    return draft_model_lib.make(model, params, settings)
+    return draft_model_lib.make(model, params, settings,
+                                vocab_ids_N=vocab_ids[0] if vocab_ids else None)
   if name in TRAINED_DRAFTERS:
     if trained is None:
       raise ValueError(f"the {name!r} drafter needs trained weights (config key "
@@ -89,5 +111,5 @@ def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
 
 
 __all__ = ['DRAFTER_NAMES', 'Drafter', 'Proposal', 'SETTINGS', 'TREE_DRAFTERS', 'TargetView',
-           'TreeProposal', 'make_drafter',
+           'TreeProposal', 'make_drafter', 'network_drafter',
            'settings_for']

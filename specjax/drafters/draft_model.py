@@ -12,6 +12,12 @@ Each draft token is drawn by `sampling.draw`: the argmax when greedy (q
 one-hot, returned None), else a draw from q = probabilities(logits) with the
 same temperature, top-k and top-p as the target. The row's evidence is its
 run of drafts at least `min_confidence` likely under the drafter.
+
+With a draft vocabulary (`vocab_ids_N`, as a distilled drafter from
+`python -m specjax.train --config=configs/train_distilled.py` ships) the
+model's head scores only those N rows of its tied table, gathered once: its
+forward stops at the final norm, and q is the draw over the subset scattered
+into V (`draft_vocab.draw`), zero elsewhere.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import sampling as sampling_lib
 from specjax.drafters import base
 from specjax.drafters import confidence
+from specjax.drafters import draft_vocab
 from specjax.models.language_model import LanguageModel
 
 Array = jax.Array
@@ -42,47 +50,72 @@ class Settings:
       raise ValueError(f'min_confidence must be in [0, 1), got {self.min_confidence}')
 
 
-def _feed_last_two(model, params, cache, tokens_BxS, lengths_B):
-  rows = jnp.arange(tokens_BxS.shape[0])
-  positions_Bx2 = jnp.maximum(lengths_B[:, None] - 2 + jnp.arange(2)[None, :], 0)
-  out = model.forward(params, tokens_BxS[rows[:, None], positions_Bx2], positions_Bx2, cache,
-                      jnp.ones_like(lengths_B)[:, None])
-  return {'cache': out.cache, 'next_logits_BxV': out.logits_BxRxV[:, 0]}
-
-
 def make(model: LanguageModel, params, settings: Settings = Settings(),
-         name: str = 'draft_model') -> base.Drafter:
+         name: str = 'draft_model', vocab_ids_N: np.ndarray | None = None) -> base.Drafter:
+  """The drafter for `model` and its `params`; `vocab_ids_N` restricts its head to
+  those token ids (the rows of its own tied table)."""
+  cfg = model.config
+  ids = None
+  if vocab_ids_N is not None:
+    ids = np.asarray(vocab_ids_N, np.int32)
+    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= cfg.vocab_size:
+      raise ValueError(f'draft model vocabulary must be ids in [0, {cfg.vocab_size}), '
+                       f'got shape {ids.shape}')
+  drafter_params = {'model': params, 'ids_N': None if ids is None else jnp.asarray(ids),
+                    'head_NxD': None if ids is None else draft_vocab.reduced_head(
+                        params['embedding_VxD'], jnp.asarray(ids))}
+
+  def forward(params, tokens_BxT, positions_BxT, cache, last_B=None):
+    """The new cache and the logits at `last_B` (default: the last position), over the
+    draft vocabulary when there is one."""
+    if last_B is None:
+      last_B = jnp.full((tokens_BxT.shape[0],), tokens_BxT.shape[1] - 1, jnp.int32)
+    if params['head_NxD'] is None:
+      out = model.forward(params['model'], tokens_BxT, positions_BxT, cache, last_B[:, None])
+      return out.cache, out.logits_BxRxV[:, 0]
+    out = model.forward(params['model'], tokens_BxT, positions_BxT, cache, logits=False)
+    hidden_BxD = jnp.take_along_axis(out.hidden_BxTxD, last_B[:, None, None], axis=1)[:, 0]
+    return out.cache, draft_vocab.head_logits(params['head_NxD'], hidden_BxD, cfg)
+
+  def feed_last_two(params, cache, tokens_BxS, lengths_B):
+    rows = jnp.arange(tokens_BxS.shape[0])
+    positions_Bx2 = jnp.maximum(lengths_B[:, None] - 2 + jnp.arange(2)[None, :], 0)
+    cache, logits = forward(params, tokens_BxS[rows[:, None], positions_Bx2], positions_Bx2,
+                            cache)
+    return {'cache': cache, 'next_logits_BxV': logits}
 
   def init(*, params, target: base.TargetView):
     tokens_BxS, lengths_B = target.tokens_BxS, target.lengths_B
     batch, num_slots = tokens_BxS.shape
     prompt_len = target.positions_BxT.shape[1]
     positions_BxT = jnp.broadcast_to(jnp.arange(prompt_len), (batch, prompt_len))
-    out = model.forward(params, tokens_BxS[:, :prompt_len], positions_BxT,
-                        model.init_cache(batch, num_slots), jnp.zeros((batch, 1), jnp.int32))
-    return _feed_last_two(model, params, out.cache, tokens_BxS, lengths_B)
+    cache, _ = forward(params, tokens_BxS[:, :prompt_len], positions_BxT,
+                       model.init_cache(batch, num_slots), jnp.zeros((batch,), jnp.int32))
+    return feed_last_two(params, cache, tokens_BxS, lengths_B)
 
   def update(*, params, state, target: base.TargetView):
-    return _feed_last_two(model, params, state['cache'], target.tokens_BxS, target.lengths_B)
+    return feed_last_two(params, state['cache'], target.tokens_BxS, target.lengths_B)
 
   def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None):
     del tokens_BxS, shared
+    ids_N = params['ids_N']
+
+    def draw(keys, logits_BxV):
+      token_B, index_B, q_BxV = draft_vocab.draw(keys, logits_BxV, ids_N, cfg.vocab_size,
+                                                 sampling)
+      return token_B, q_BxV, confidence.draft_probability(logits_BxV, index_B)
 
     def step(carry, i):
       cache, logits_BxV = carry
-      keys = sampling_lib.step_keys(keys_B, i)
-      token_B, q_BxV = sampling_lib.draw(keys, logits_BxV, sampling)
-      prob_B = confidence.draft_probability(logits_BxV, token_B)
-      out = model.forward(params, token_B[:, None], (lengths_B + i)[:, None], cache)
-      return (out.cache, out.logits_BxRxV[:, 0]), (token_B, q_BxV, prob_B)
+      token_B, q_BxV, prob_B = draw(sampling_lib.step_keys(keys_B, i), logits_BxV)
+      cache, logits_BxV = forward(params, token_B[:, None], (lengths_B + i)[:, None], cache)
+      return (cache, logits_BxV), (token_B, q_BxV, prob_B)
 
     # gamma draws, gamma - 1 forwards: the last draft is never fed here (update feeds it).
     carry = (state['cache'], state['next_logits_BxV'])
     if gamma > 1:
       carry, (draft_GxB, q_GxBxV, prob_GxB) = jax.lax.scan(step, carry, jnp.arange(gamma - 1))
-    last_B, last_q_BxV = sampling_lib.draw(sampling_lib.step_keys(keys_B, gamma - 1), carry[1],
-                                           sampling)
-    last_prob_B = confidence.draft_probability(carry[1], last_B)
+    last_B, last_q_BxV, last_prob_B = draw(sampling_lib.step_keys(keys_B, gamma - 1), carry[1])
     if gamma > 1:
       draft_BxG = jnp.concatenate([draft_GxB.T, last_B[:, None]], axis=1)
       prob_BxG = jnp.concatenate([prob_GxB.T, last_prob_B[:, None]], axis=1)
@@ -95,5 +128,5 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
     return base.Proposal(draft_BxG, q_BxGxV, num_drafts_B,
                          {'cache': carry[0], 'next_logits_BxV': carry[1]})
 
-  return base.Drafter(name=name, vocab_size=model.config.vocab_size, init=init, update=update,
-                      propose=propose, params=params, costly_drafts=True)
+  return base.Drafter(name=name, vocab_size=cfg.vocab_size, init=init, update=update,
+                      propose=propose, params=drafter_params, costly_drafts=True)

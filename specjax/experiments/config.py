@@ -73,6 +73,7 @@ class ExperimentConfig:
   layer_skip: dict
   medusa: dict
   eagle: dict
+  hybrid: dict
 
   @classmethod
   def from_config(cls, config: Mapping[str, Any]) -> ExperimentConfig:
@@ -144,10 +145,21 @@ class ExperimentConfig:
       checkpoint = self.draft_model.get('checkpoint', '')
       _check(checkpoint != '', 'draft_model.checkpoint',
              "must name a checkpoint when drafters include 'draft_model'")
-      _check(_is_checkpoint(checkpoint), 'draft_model.checkpoint',
-             f'is {checkpoint!r}: not embedded:NAME and not an existing path')
+      if checkpoint == 'embedded':   # the distilled drafter shipped for the embedded 270M
+        from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
+        where = drafter_io.resolve(checkpoint, 'distilled')
+        _check(os.path.isfile(where / drafter_io.MANIFEST), 'draft_model.checkpoint',
+               f"is 'embedded', but no distilled drafter is shipped ({where})")
+      else:
+        _check(_is_checkpoint(checkpoint), 'draft_model.checkpoint',
+               f'is {checkpoint!r}: not embedded:NAME and not an existing path')
+    if 'hybrid' in self.drafters:
+      try:
+        drafters.settings_for('hybrid', self.hybrid)
+      except ValueError as e:
+        raise ConfigError(str(e)) from None
     for name in drafters.TRAINED_DRAFTERS:
-      if name not in self.drafters:
+      if name not in self.networks:
         continue
       from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
       checkpoint = getattr(self, name).get('checkpoint', '')
@@ -197,7 +209,8 @@ class ExperimentConfig:
       tree = self.token_tree
     except tree_lib.TreeError as e:
       raise ConfigError(f'config.tree is {self.tree!r}: {e}') from None
-    chain_only = [d for d in self.drafters if d not in drafters.TREE_DRAFTERS]
+    chain_only = [d for d in self.drafters if d not in drafters.TREE_DRAFTERS
+                  or self.network_of(d) not in drafters.TREE_DRAFTERS]
     _check(tree.is_chain or not chain_only, 'tree',
            f'is {self.tree!r}, a branching tree, but drafter(s) {", ".join(chain_only)} draft '
            f'chains only: give them a chain-<G> tree, or use {", ".join(drafters.TREE_DRAFTERS)}')
@@ -215,6 +228,15 @@ class ExperimentConfig:
 
   def drafter_settings(self, name: str):
     return drafters.settings_for(name, getattr(self, name))
+
+  def network_of(self, name: str) -> str:
+    """The drafter whose weights and settings method `name` runs (the hybrid's fallback)."""
+    return drafters.network_drafter(name, getattr(self, name)) if name in DRAFTERS else name
+
+  @property
+  def networks(self) -> tuple[str, ...]:
+    """The drafters the methods run, hybrids' fallbacks included."""
+    return tuple(dict.fromkeys(self.drafters + tuple(self.network_of(d) for d in self.drafters)))
 
   @property
   def sampling(self) -> SamplingConfig:
@@ -234,6 +256,8 @@ class ExperimentConfig:
     path stand for a new one.
     """
     keys = SHARED_KEYS + ((method,) + _LOOP_KEYS if method in DRAFTERS else ())
+    if method in DRAFTERS and self.network_of(method) != method:   # the hybrid's fallback
+      keys += (self.network_of(method),)
     if self.tree and method in DRAFTERS:   # only when set: rows made before the key still match
       keys += ('tree',)
     values = {k: getattr(self, k) for k in keys}

@@ -12,6 +12,9 @@ import functools
 import os
 import pathlib
 
+import jax
+import jax.numpy as jnp
+
 from specjax import checkpoints
 from specjax import sharding
 from specjax.drafters import TRAINED_DRAFTERS
@@ -59,17 +62,48 @@ def checkpoint_digests(config: ExperimentConfig) -> dict[str, str]:
   """{'model': sha256, 'draft_model': sha256 when that drafter runs}: what resumed rows match."""
   names = {'model': config.model} if config.model != TINY_RANDOM else {}
   if 'draft_model' in config.drafters:
-    names['draft_model'] = config.draft_model['checkpoint']
+    names['draft_model'] = draft_model_path(config.draft_model['checkpoint'])
   from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
   for name in TRAINED_DRAFTERS:
-    if name in config.drafters:
+    if name in config.networks:
       names[name] = str(drafter_io.resolve(getattr(config, name)['checkpoint'], name))
   return {key: checkpoints.content_digest(name) for key, name in names.items()}
 
 
-def load_draft_model(config: ExperimentConfig, target: language_model.LanguageModel):
-  """(LanguageModel, params) of the 'draft_model' drafter, placed like the target."""
-  return _place(*checkpoints.load_checkpoint(config.draft_model['checkpoint']), target.mesh)
+def draft_model_path(checkpoint: str) -> str:
+  """config.draft_model.checkpoint as a path: 'embedded' is the distilled drafter shipped
+  for the embedded 270M."""
+  if checkpoint != 'embedded':
+    return checkpoint
+  from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
+  return str(drafter_io.resolve(checkpoint, 'distilled'))
+
+
+def load_draft_model(config: ExperimentConfig, target: language_model.LanguageModel,
+                     target_params):
+  """The 'draft_model' drafter's (LanguageModel, params), placed like the target: a
+  model checkpoint, or a distilled drafter's directory (`python -m specjax.train
+  --config=configs/train_distilled.py`), checked against the target it was trained
+  for; its student shares the target's embedding, and its draft vocabulary ids come
+  third."""
+  from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
+  path = draft_model_path(config.draft_model['checkpoint'])
+  if not os.path.isfile(os.path.join(path, drafter_io.MANIFEST)):
+    return _place(*checkpoints.load_checkpoint(path), target.mesh)
+  from specjax.training import distilled_objective  # pylint: disable=g-import-not-at-top
+  sha = '' if config.model == TINY_RANDOM else checkpoints.content_digest(config.model)
+  weights, vocab_ids, manifest = drafter_io.load_drafter(
+      path, 'distilled', target=drafter_io.target_signature(target.config, sha))
+  layers = manifest.get('student_layers')
+  if not isinstance(layers, int):
+    raise checkpoints.CheckpointError(f'{path}: the manifest names no student_layers')
+  try:
+    student = distilled_objective.student_config(target.config, layers)
+  except ValueError as e:
+    raise checkpoints.CheckpointError(f'{path}: {e}') from None
+  params = distilled_objective.student_params(jax.tree.map(jnp.asarray, weights),
+                                              target_params['embedding_VxD'])
+  return (*_place(student, params, target.mesh), vocab_ids)
 
 
 def load_trained_drafter(config: ExperimentConfig, target: language_model.LanguageModel,

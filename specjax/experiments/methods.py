@@ -70,11 +70,14 @@ def _autoregressive(model, params, config: ExperimentConfig, eos_ids) -> Runner:
 
 
 def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runner:
+  network = config.network_of(name)   # the hybrid's fallback, else name
   drafter = drafters.make_drafter(
       name, target=model, settings=config.drafter_settings(name),
-      draft_model=loading.load_draft_model(config, model) if name == 'draft_model' else None,
-      trained=(loading.load_trained_drafter(config, model, name)
-               if name in drafters.TRAINED_DRAFTERS else None),
+      draft_model=(loading.load_draft_model(config, model, params) if name == 'draft_model'
+                   else None),
+      trained=(loading.load_trained_drafter(config, model, network)
+               if network in drafters.TRAINED_DRAFTERS else None),
+      fallback_settings=config.drafter_settings(network) if network != name else None,
       target_params=params)  # the tokenizer was checked against a draft vocabulary in preflight
   policy_for = functools.cache(functools.partial(_policy, model, params, config, drafter))
 

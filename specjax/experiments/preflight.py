@@ -126,7 +126,7 @@ def model_layers(model: str) -> int | None:
 
 
 def _check_early_exit_layers(config: ExperimentConfig) -> None:
-  if 'early_exit' not in config.drafters or config.model == TINY_RANDOM:
+  if 'early_exit' not in config.networks or config.model == TINY_RANDOM:
     return
   layers = config.early_exit.get('layers', 4)
   total = model_layers(config.model)
@@ -136,7 +136,7 @@ def _check_early_exit_layers(config: ExperimentConfig) -> None:
 
 
 def _check_layer_skip(config: ExperimentConfig) -> None:
-  if 'layer_skip' not in config.drafters:
+  if 'layer_skip' not in config.networks:
     return
   if config.model == TINY_RANDOM:
     total = model_configs.tiny_config().num_layers
@@ -164,7 +164,7 @@ def check_draft_vocab(config: ExperimentConfig, tokenizer) -> None:
   fingerprint = None
   for name in ('early_exit', 'layer_skip'):
     settings = config.drafter_settings(name)
-    if name not in config.drafters or not settings.draft_vocab:
+    if name not in config.networks or not settings.draft_vocab:
       continue
     path = draft_vocab_lib.resolve_path(settings.draft_vocab)
     try:

@@ -4,7 +4,8 @@
 `distill_data`), the target's features for every sequence (one teacher-forced
 pass, computed once per run and held in memory: on a CPU that pass costs
 more than the drafter's whole update, so recomputing it every step would
-dominate), the drafter's objective (`medusa_objective`, `eagle_objective`), AdamW with linear warm-up and cosine decay and
+dominate), the drafter's objective (`medusa_objective`, `eagle_objective`,
+`distilled_objective`), AdamW with linear warm-up and cosine decay and
 gradient clipping, and an Orbax checkpoint every `checkpoint_every` steps of
 the drafter's weights and the optimizer state (the last `keep` kept). A killed run
 restarts from its last checkpoint on the same trajectory: the batch of step s
@@ -45,18 +46,22 @@ from specjax.experiments import tiny
 from specjax.experiments.config import TINY_RANDOM
 from specjax.models import language_model
 from specjax.training import distill_data
+from specjax.training import distilled_objective
 from specjax.training import eagle_objective
 from specjax.training import medusa_objective
 
-TRAINABLE = ('medusa', 'eagle')
+TRAINABLE = ('medusa', 'eagle', 'distilled')
 EAGLE_KEYS = {'steps': int, 'mlp_width': int, 'hidden_layers': (tuple, list)}
+DISTILLED_KEYS = {'layers': int, 'loss': str}
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """One training run; see configs/train_medusa.py and configs/train_eagle.py for what
-  each key means. `num_heads` is Medusa's; `eagle` holds the EAGLE layer's settings
-  (steps: training-time-test depth, mlp_width, hidden_layers: () = EAGLE-3's three)."""
+  """One training run; see configs/train_medusa.py, train_eagle.py and train_distilled.py
+  for what each key means. `num_heads` is Medusa's; `eagle` holds the EAGLE layer's
+  settings (steps: training-time-test depth, mlp_width, hidden_layers: () = EAGLE-3's
+  three); `distilled` the distilled student's (layers: the target's first blocks it
+  starts from, loss: 'tv' or 'kl')."""
 
   target: str
   drafter: str
@@ -79,6 +84,7 @@ class TrainConfig:
   output_dir: str
   num_heads: int = 4
   eagle: dict = dataclasses.field(default_factory=dict)
+  distilled: dict = dataclasses.field(default_factory=dict)
   data_dir: str = ''   # '' = output_dir/data; drafters of one target can share their data
   export_dtype: str = 'float32'   # the exported drafter's weights: 'float32' or 'bfloat16'
 
@@ -107,6 +113,18 @@ class TrainConfig:
     for key in ('steps', 'mlp_width'):
       if self.eagle.get(key, 1) < 1:
         raise ValueError(f'config.eagle.{key} must be >= 1, got {self.eagle[key]}')
+    unknown = sorted(set(self.distilled) - set(DISTILLED_KEYS))
+    if unknown:
+      raise ValueError(f'config.distilled has unknown key(s) {unknown}; known: '
+                       f'{sorted(DISTILLED_KEYS)}')
+    for key, kind in DISTILLED_KEYS.items():
+      if key in self.distilled and (not isinstance(self.distilled[key], kind)
+                                    or isinstance(self.distilled[key], bool)):
+        raise ValueError(f'config.distilled.{key} must be {kind.__name__}, got '
+                         f'{self.distilled[key]!r}')
+    if self.distilled.get('loss', 'tv') not in distilled_objective.LOSSES:
+      raise ValueError(f"config.distilled.loss must be one of "
+                       f"{', '.join(distilled_objective.LOSSES)}, got {self.distilled['loss']!r}")
     for key in ('num_heads', 'draft_vocab_size', 'batch_size', 'steps', 'checkpoint_every',
                 'keep', 'eval_every', 'log_every', 'heldout_shards'):
       if getattr(self, key) < 1:
@@ -137,6 +155,12 @@ def make_objective(cfg: TrainConfig, target_config):
   """The drafter's objective; an EAGLE layer reading layers the target lacks is refused."""
   if cfg.drafter == 'medusa':
     return medusa_objective.Objective(target_config, cfg.num_heads)
+  if cfg.drafter == 'distilled':
+    try:
+      return distilled_objective.Objective(target_config, cfg.distilled.get('layers', 1),
+                                           cfg.distilled.get('loss', 'tv'))
+    except ValueError as e:
+      raise ValueError(f'config.distilled.layers: {e}') from None
   layers = tuple(cfg.eagle.get('hidden_layers', ())) or eagle_net.default_layers(
       target_config.num_layers)
   bad = [i for i in layers if not isinstance(i, int) or not 0 <= i < target_config.num_layers]
@@ -377,5 +401,7 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
       target=drafter_io.target_signature(target.config, target_sha), vocab_ids_N=vocab_ids,
       provenance={'command': command or ' '.join(sys.argv), 'train_config': dataclasses.asdict(cfg),
                   'data_recipe': dataclasses.asdict(recipe), 'steps': step,
-                  'hidden_layers': list(objective.hidden_layers), **final})
+                  'hidden_layers': list(objective.hidden_layers),
+                  **({'student_layers': objective.layers} if objective.kind == 'distilled'
+                     else {}), **final})
   return final

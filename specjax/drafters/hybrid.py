@@ -1,0 +1,146 @@
+"""N-gram lookup first, a network drafter where it finds nothing (hybrid drafting).
+
+Prompt lookup is free and, where the text repeats its context (summaries,
+retrieval answers, code edits), right for many tokens at once; a trained
+drafter (EAGLE, Medusa) or the target cut short costs a network pass per
+draft but guesses everywhere. The hybrid drafts each row from its n-gram
+match when it has one and from the network drafter when it has none, as
+REST and Spec-Bench's "PLD + EAGLE" combinations do, and runs the network
+only in a step where some row lacks a match: at batch 1 a step that copies
+costs nothing to draft.
+
+The network drafter keeps its own state and is updated after every target
+call, so it must read a call as a whole, whatever drafted it: EAGLE reruns
+its layer over the call's positions with the target's features, Medusa reads
+the hidden state at the accepted count, and the self-drafters share the
+target's cache, which the verify pass rewrites. A draft model's cache is fed
+only the tokens it drafted itself (`draft_model.py`), so it cannot take over
+from n-gram drafts and is refused.
+
+Evidence is gamma for a matched row and the network drafter's own (its
+confident prefix) otherwise, and the loop chooses the width from it, as for
+n-gram lookup alone: the drafting is done before the choice, so its cost is
+not the choice's to weigh. Under sampling a matched row's q is one-hot at its
+drafts, the network drafter's q elsewhere, so the acceptance rule stays exact.
+
+Shapes: B batch, S token slots, G gamma, N tree nodes, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters import base
+from specjax.drafters import candidate_tree
+from specjax.drafters import ngram as ngram_lib
+
+Array = jax.Array
+
+# Drafters whose update reads a target call whole, so they can draft after n-gram drafts.
+FALLBACKS = ('eagle', 'medusa', 'layer_skip', 'early_exit')
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """drafter: what drafts a row n-gram lookup finds no match for, one of FALLBACKS,
+    built from its own config entry (config.eagle for 'eagle').
+  max_n, min_n: the longest and shortest suffix looked up, as config.ngram's.
+  matches: for a token tree, the n-gram occurrences that fill its branches."""
+
+  drafter: str = 'eagle'
+  max_n: int = 3
+  min_n: int = 1
+  matches: int = 4
+
+  def __post_init__(self):
+    if self.drafter not in FALLBACKS:
+      raise ValueError(f'drafter is {self.drafter!r}; a hybrid falls back to one of '
+                       f'{", ".join(FALLBACKS)} (a draft model cannot take over from '
+                       'n-gram drafts: its cache holds only what it drafted)')
+    ngram_lib.Settings(self.max_n, self.min_n, self.matches)   # the same checks
+
+  @property
+  def ngram(self) -> ngram_lib.Settings:
+    return ngram_lib.Settings(self.max_n, self.min_n, self.matches)
+
+
+def _run_if(needed, run, placeholder):
+  """run() when `needed` (a traced bool), else `placeholder`: a while loop of 0 or 1
+  iterations, which on XLA:CPU updates the drafter's cache in place where
+  `lax.cond` copies it in and out (`decoding/speculative._select`)."""
+  return jax.lax.while_loop(lambda c: c[0], lambda c: (jnp.bool_(False), run()),
+                            (needed, placeholder))[1]
+
+
+def _lookup_q(draft_BxG: Array, network_q_BxGxV: Array) -> Array:
+  """q of lookup drafts under sampling: one-hot, as for n-gram lookup alone (a
+  deterministic draft), never the network's q, which did not draw them."""
+  return jax.nn.one_hot(draft_BxG, network_q_BxGxV.shape[-1], dtype=network_q_BxGxV.dtype)
+
+
+def _zeros_like(shapes):
+  return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+
+def make(settings: Settings, fallback: base.Drafter) -> base.Drafter:
+  """The hybrid of n-gram lookup (`settings`) and a built `fallback` drafter."""
+  if fallback.name not in FALLBACKS:
+    raise ValueError(f'a hybrid cannot fall back to {fallback.name!r}; it takes one of '
+                     f'{", ".join(FALLBACKS)}')
+  lookup = settings.ngram
+
+  def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None,
+              **target):
+    ngram_BxG, matched_B = ngram_lib.propose_ngram(tokens_BxS, lengths_B, gamma, lookup.max_n,
+                                                   lookup.min_n)
+    matched_B = matched_B > 0
+
+    def network():
+      return fallback.propose(params=params, state=state, tokens_BxS=tokens_BxS,
+                              lengths_B=lengths_B, keys_B=keys_B, sampling=sampling,
+                              gamma=gamma, shared=shared, **target)
+
+    shapes = jax.eval_shape(network)
+    skipped = _zeros_like(shapes).replace(
+        state=state, shared_cache=None if shared is None else shared[1])
+    net = _run_if(~jnp.all(matched_B), network, skipped)
+    draft_BxG = jnp.where(matched_B[:, None], ngram_BxG, net.draft_BxG)
+    q_BxGxV = net.q_BxGxV
+    if q_BxGxV is not None:
+      q_BxGxV = jnp.where(matched_B[:, None, None], _lookup_q(ngram_BxG, q_BxGxV), q_BxGxV)
+    num_drafts_B = jnp.where(matched_B, gamma, net.num_drafts_B).astype(jnp.int32)
+    return base.Proposal(draft_BxG, q_BxGxV, num_drafts_B, net.state, net.shared_cache)
+
+  propose_tree = None
+  if fallback.propose_tree is not None:
+
+    def propose_tree(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, tree,
+                     shared=None, **target):
+      candidates_BxMxD, found_BxM = ngram_lib.candidates(
+          tokens_BxS, lengths_B, tree.max_depth, lookup.max_n, lookup.min_n, lookup.matches)
+      ngram_BxN, ngram_valid_BxN = candidate_tree.fill(tree, candidates_BxMxD, found_BxM)
+      matched_B = jnp.any(found_BxM, axis=1)
+
+      def network():
+        return fallback.propose_tree(params=params, state=state, tokens_BxS=tokens_BxS,
+                                     lengths_B=lengths_B, keys_B=keys_B, sampling=sampling,
+                                     tree=tree, shared=shared, **target)
+
+      shapes = jax.eval_shape(network)
+      skipped = _zeros_like(shapes).replace(
+          state=state, shared_cache=None if shared is None else shared[1])
+      net = _run_if(~jnp.all(matched_B), network, skipped)
+      if net.q_BxNxV is not None:   # both fill siblings with distinct ranked tokens
+        raise ValueError(f'{fallback.name} samples its tree nodes; a hybrid tree needs '
+                         'deterministic siblings')
+      pick = matched_B[:, None]
+      return base.TreeProposal(jnp.where(pick, ngram_BxN, net.tokens_BxN), None,
+                               jnp.where(pick, ngram_valid_BxN, net.valid_BxN), net.state,
+                               net.shared_cache)
+
+  return dataclasses.replace(
+      fallback, name='hybrid', propose=propose, propose_tree=propose_tree,
+      costly_drafts=False)

@@ -1,0 +1,181 @@
+"""The hybrid drafter: n-gram drafts where a row has a match, the network drafter's
+elsewhere, the network run only in steps that need it; greedy parity, exact
+sampling (with a negative control), trees, bad settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.decoding import draft_length
+from specjax.decoding import speculative
+from specjax.decoding import tree as tree_lib
+from specjax.drafters import eagle
+from specjax.drafters import hybrid
+from specjax.drafters import make_drafter
+from specjax.drafters import medusa
+from specjax.drafters import ngram as ngram_lib
+from specjax.experiments.config import ConfigError, ExperimentConfig
+
+import test_acceptance as acc
+import test_eagle
+import test_medusa
+from test_speculative import MAX_NEW, PADDED, PROMPTS, TARGET, TARGET_PARAMS
+from test_speculative import check_greedy_tree, eos_id, greedy_reference, spec_generate
+
+EAGLE = eagle.make(TARGET, test_eagle.NET, test_eagle.LAYERS, vocab_ids_N=test_eagle.SUBSET,
+                   target_params=TARGET_PARAMS)
+SETTINGS = hybrid.Settings()
+
+
+def _recorded(fallback):
+  """The hybrid over `fallback`, recording every step's context and drafts, and
+  every step in which the fallback drafted."""
+  steps, network_calls = [], []
+
+  def network_propose(**kwargs):
+    proposal = fallback.propose(**kwargs)
+    jax.debug.callback(lambda d: network_calls.append(np.asarray(d)), proposal.draft_BxG)
+    return proposal
+
+  drafter = hybrid.make(SETTINGS, dataclasses.replace(fallback, propose=network_propose))
+
+  def propose(**kwargs):
+    proposal = drafter.propose(**kwargs)
+    jax.debug.callback(lambda *a: steps.append([np.asarray(x) for x in a]), proposal.draft_BxG,
+                       kwargs['tokens_BxS'], kwargs['lengths_B'])
+    return proposal
+
+  return dataclasses.replace(drafter, propose=propose), steps, network_calls
+
+
+@pytest.mark.parametrize('adaptive', [False, True], ids=['fixed', 'adaptive'])
+def test_greedy_hybrid_equals_greedy_autoregressive_and_drafts_from_the_right_drafter(adaptive):
+  """Batch 4 of mixed lengths: the output is the reference; a row with an n-gram
+  match carries n-gram lookup's drafts; the network drafts in exactly the steps
+  where some row has no match, and both kinds of step happen."""
+  drafter, steps, network_calls = _recorded(EAGLE)
+  gamma = 3
+  out = spec_generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
+                      max_new_tokens=MAX_NEW, eos_ids=(eos_id(),), adaptive=adaptive)
+  assert out.new_tokens == greedy_reference()
+  needs_network, matched_rows = 0, 0
+  for draft_BxG, tokens_BxS, lengths_B in steps:
+    lookup_BxG, matched_B = ngram_lib.propose_ngram(jnp.asarray(tokens_BxS),
+                                                    jnp.asarray(lengths_B), gamma, 3, 1)
+    matched_B = np.asarray(matched_B) > 0
+    np.testing.assert_array_equal(draft_BxG[matched_B], np.asarray(lookup_BxG)[matched_B])
+    needs_network += int(not matched_B.all())
+    matched_rows += int(matched_B.sum())
+  assert len(network_calls) == needs_network > 0
+  assert matched_rows > 0
+  assert sum(out.accepted_tokens) > 0
+
+
+def test_an_unmatched_row_drafts_what_the_network_drafts():
+  """One row, so every step is one kind: an unmatched step's drafts are the network's,
+  and a matched step does not run the network at all."""
+  drafter, steps, network_calls = _recorded(EAGLE)
+  spec_generate(TARGET, TARGET_PARAMS, drafter, [PROMPTS[0]], gamma=3, max_new_tokens=MAX_NEW)
+  unmatched = [d for d, t, n in steps
+               if not np.asarray(ngram_lib.propose_ngram(jnp.asarray(t), jnp.asarray(n), 3, 3,
+                                                         1)[1])[0]]
+  assert 0 < len(unmatched) == len(network_calls) < len(steps), (len(unmatched), len(steps))
+  for drafted, network in zip(unmatched, network_calls):
+    np.testing.assert_array_equal(drafted, network)
+
+
+def test_medusa_as_the_fallback():
+  medusa_drafter = medusa.make(TARGET, test_medusa.HEADS, target_params=TARGET_PARAMS)
+  drafter = hybrid.make(hybrid.Settings(drafter='medusa'), medusa_drafter)
+  out = spec_generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=3, max_new_tokens=MAX_NEW,
+                      eos_ids=(eos_id(),))
+  assert out.new_tokens == greedy_reference()
+  assert sum(out.accepted_tokens) > 0
+
+
+@pytest.mark.parametrize('spec', ['-1,-1,-1,0,0,1,3,4', 'eagle-25'])
+def test_greedy_hybrid_trees_equal_greedy_autoregressive(spec):
+  drafter = hybrid.make(SETTINGS, EAGLE)
+  _, chain = check_greedy_tree(drafter, tree_lib.parse(spec))
+  assert sum(chain.accepted_tokens) > 0
+
+
+# -------------------------------------------------- exact sampling (chi-square)
+
+def _toy_hybrid():
+  fallback = eagle.make(test_eagle.TOY, test_eagle.TOY_NET, test_eagle.TOY_LAYERS,
+                        target_params=test_eagle.TOY_PARAMS)
+  return hybrid.make(hybrid.Settings(max_n=1), fallback)
+
+
+def _sample_toy(drafter, seed):
+  out = speculative.generate(test_eagle.TOY, test_eagle.TOY_PARAMS, drafter,
+                             [acc.NGRAM_PROMPT] * acc.NUM_SAMPLES, gamma=3,
+                             policy=draft_length.fixed(3), max_new_tokens=acc.NUM_NEW,
+                             sampling=acc.CONFIGS['t1'], seed=seed)
+  p_value, impossible = acc.check_exact(out.new_tokens, acc.CONFIGS['t1'],
+                                        last_token=acc.NGRAM_PROMPT[-1],
+                                        table=test_eagle.TOY_TABLE)
+  assert impossible == 0
+  return p_value, np.sum(out.accepted_tokens) / np.sum(out.drafted_tokens)
+
+
+def test_hybrid_sampling_is_exact():
+  """Rows drafted by lookup (q one-hot) and by EAGLE (q its softmax) in one batch."""
+  p_value, rate = _sample_toy(_toy_hybrid(), seed=3)
+  assert p_value > acc.P_VALUE_OK, p_value
+  assert 0.03 < rate < 0.95, rate
+
+
+def test_distribution_test_rejects_a_hybrid_that_keeps_the_network_q_for_lookup_drafts(
+    monkeypatch):
+  """The mistake the one-hot q prevents: lookup drafts verified against the network's
+  q, as if the network had drawn them."""
+  monkeypatch.setattr(hybrid, '_lookup_q', lambda draft_BxG, network_q_BxGxV: network_q_BxGxV)
+  p_value, _ = _sample_toy(_toy_hybrid(), seed=3)
+  assert p_value < acc.P_VALUE_WRONG, p_value
+
+
+# ------------------------------------------------------------------ bad input
+
+def test_a_draft_model_cannot_be_the_fallback():
+  with pytest.raises(ValueError, match="drafter is 'draft_model'.*eagle, medusa"):
+    hybrid.Settings(drafter='draft_model')
+  with pytest.raises(ValueError, match='config.hybrid.drafter'):
+    make_drafter('hybrid', target=TARGET, settings={'drafter': 'ngram'})
+  with pytest.raises(ValueError, match='config.hybrid.min_n / max_n'):
+    make_drafter('hybrid', target=TARGET, settings={'max_n': 0})
+
+
+def _experiment(**overrides):
+  import importlib.util   # configs/gemma.py is a file, not a module
+  spec = importlib.util.spec_from_file_location('gemma_config', 'configs/gemma.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.update(overrides)
+  return ExperimentConfig.from_config(config)
+
+
+def test_experiment_config_checks_the_fallback(tmp_path):
+  with pytest.raises(ConfigError, match='config.hybrid.drafter'):
+    _experiment(drafters=('hybrid',), hybrid=dict(drafter='draft_model'),
+                output_dir=str(tmp_path))
+  with pytest.raises(ConfigError, match='config.eagle.checkpoint must name trained weights'):
+    _experiment(drafters=('hybrid',), eagle=dict(checkpoint=''), output_dir=str(tmp_path))
+  with pytest.raises(ConfigError, match=r'drafter\(s\) hybrid draft chains only'):
+    _experiment(drafters=('hybrid',), hybrid=dict(drafter='layer_skip'), tree='eagle-25',
+                output_dir=str(tmp_path))
+  config = _experiment(drafters=('hybrid',), output_dir=str(tmp_path))
+  assert config.networks == ('hybrid', 'eagle')
+  # A hybrid's rows depend on its fallback's settings.
+  other = _experiment(drafters=('hybrid',), eagle=dict(checkpoint='embedded',
+                                                       min_confidence=0.5),
+                      output_dir=str(tmp_path))
+  assert config.fingerprint('hybrid') != other.fingerprint('hybrid')
+  assert config.fingerprint('ngram') == other.fingerprint('ngram')

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a lent GPU (the `device` tool's `run`; 10 minutes a call): trains a drafter for the
-# embedded Gemma 3 270M from configs/train_$DRAFTER.py (eagle by default, or medusa), the same config
+# embedded Gemma 3 270M from configs/train_$DRAFTER.py (eagle by default, medusa or distilled), the same config
 # CPU training uses, and brings back the trained drafter, its metrics and its curve in $OUT.
 #
 #   device run: DRAFTER=eagle bash benchmarks/gpu_train.sh [--config.key=value ...]

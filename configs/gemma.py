@@ -83,6 +83,9 @@ def get_config(arg=None):
   c.tree = ''
   # Each drafter's settings, checked where it is built (specjax/drafters/<name>.py).
   c.ngram = dict(max_n=3, min_n=1)
+  # A model checkpoint of the target's vocabulary, or a distilled drafter's directory
+  # (`python -m specjax.train --config=configs/train_distilled.py`); 'embedded' = the one
+  # shipped for the embedded 270M.
   c.draft_model = dict(checkpoint='', min_confidence=0.0)
   # The target's first `layers` layers draft. draft_vocab: '' = the full tied head;
   # 'embedded' = the shipped reduced vocabulary of the embedded 270M (its first

@@ -100,8 +100,8 @@ def get_config(arg=None):
   # EAGLE-3-style feature drafter: 'embedded' = the one shipped for the embedded 270M, else a
   # directory `python -m specjax.train --config=configs/train_eagle.py` wrote.
   c.eagle = dict(checkpoint='embedded', min_confidence=0.0)
-  # N-gram lookup where the context has a match, `drafter` (eagle, medusa, layer_skip or
-  # early_exit, with its own entry above) where it has none.
+  # N-gram lookup where the context has a match, `drafter` (eagle, medusa, draft_model,
+  # layer_skip or early_exit, with its own entry above) where it has none.
   c.hybrid = dict(drafter='eagle', max_n=3, min_n=1, matches=4)
   c.update(parse_arg(arg, c))
   return c

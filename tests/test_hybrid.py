@@ -25,7 +25,8 @@ import test_acceptance as acc
 import test_eagle
 import test_medusa
 from test_speculative import MAX_NEW, PADDED, PROMPTS, TARGET, TARGET_PARAMS
-from test_speculative import check_greedy_tree, eos_id, greedy_reference, spec_generate
+from test_speculative import check_greedy_tree, eos_id, greedy_reference, plain_greedy
+from test_speculative import spec_generate
 
 EAGLE = eagle.make(TARGET, test_eagle.NET, test_eagle.LAYERS, vocab_ids_N=test_eagle.SUBSET,
                    target_params=TARGET_PARAMS)
@@ -98,6 +99,34 @@ def test_medusa_as_the_fallback():
   assert sum(out.accepted_tokens) > 0
 
 
+def test_a_draft_model_as_the_fallback_feeds_its_cache_what_lookup_drafted():
+  """The draft model's cache must hold every committed token, lookup's drafts
+  included. With the target itself as the draft model and its cache kept right,
+  its drafts are never rejected: each step it drafts commits all gamma of them
+  and a bonus token (but the last step, which the token budget may cut), also
+  right after lookup steps. One row, so the network never runs in a lookup step
+  and only `update` can give it lookup's tokens; this prompt's lookup steps
+  commit past anything the network wrote (feeding only the last two committed
+  tokens, as a plain draft model may, leaves a stale slot here and a rejection)."""
+  gamma = 3
+  target_as_draft = make_drafter('draft_model', target=TARGET,
+                                 draft_model=(TARGET, TARGET_PARAMS))
+  drafter, steps, network_calls = _recorded(target_as_draft)
+  out = spec_generate(TARGET, TARGET_PARAMS, drafter, [PROMPTS[2]], gamma=gamma,
+                      max_new_tokens=MAX_NEW)
+  assert out.new_tokens == plain_greedy()[2:3]
+  matched = [bool(np.asarray(ngram_lib.propose_ngram(jnp.asarray(t), jnp.asarray(n), gamma, 3,
+                                                     1)[1])[0]) for _, t, n in steps]
+  assert len(network_calls) == matched.count(False) > 0
+  after_lookup = 0
+  for i in range(len(steps) - 1):
+    if not matched[i]:
+      committed = int(steps[i + 1][2][0]) - int(steps[i][2][0])
+      assert committed == gamma + 1, (i, committed)
+      after_lookup += i > 0 and matched[i - 1]
+  assert after_lookup > 0
+
+
 @pytest.mark.parametrize('spec', ['-1,-1,-1,0,0,1,3,4', 'eagle-25'])
 def test_greedy_hybrid_trees_equal_greedy_autoregressive(spec):
   drafter = hybrid.make(SETTINGS, EAGLE)
@@ -132,6 +161,19 @@ def test_hybrid_sampling_is_exact():
   assert 0.03 < rate < 0.95, rate
 
 
+def test_hybrid_over_a_draft_model_samples_exactly():
+  """The draft-model fallback's q where lookup has no match, one-hot q where it has,
+  at temperature 1 and with top-p."""
+  drafter = hybrid.make(hybrid.Settings(drafter='draft_model', max_n=1), acc.DRAFT_MODEL)
+  for config, seed in (('t1', 5), ('topp', 6)):
+    out = acc.run_speculative(drafter, acc.CONFIGS[config], 3, prompt=acc.NGRAM_PROMPT,
+                              seed=seed)
+    p_value, impossible = acc.check_exact(out.new_tokens, acc.CONFIGS[config])
+    assert impossible == 0 and p_value > acc.P_VALUE_OK, (config, p_value)
+    rate = np.sum(out.accepted_tokens) / np.sum(out.drafted_tokens)
+    assert 0.03 < rate < 0.95, rate
+
+
 def test_distribution_test_rejects_a_hybrid_that_keeps_the_network_q_for_lookup_drafts(
     monkeypatch):
   """The mistake the one-hot q prevents: lookup drafts verified against the network's
@@ -143,13 +185,15 @@ def test_distribution_test_rejects_a_hybrid_that_keeps_the_network_q_for_lookup_
 
 # ------------------------------------------------------------------ bad input
 
-def test_a_draft_model_cannot_be_the_fallback():
-  with pytest.raises(ValueError, match="drafter is 'draft_model'.*eagle, medusa"):
-    hybrid.Settings(drafter='draft_model')
+def test_a_bad_fallback_is_refused():
+  with pytest.raises(ValueError, match="drafter is 'ngram'.*eagle, medusa, draft_model"):
+    hybrid.Settings(drafter='ngram')
   with pytest.raises(ValueError, match='config.hybrid.drafter'):
     make_drafter('hybrid', target=TARGET, settings={'drafter': 'ngram'})
   with pytest.raises(ValueError, match='config.hybrid.min_n / max_n'):
     make_drafter('hybrid', target=TARGET, settings={'max_n': 0})
+  with pytest.raises(ValueError, match='draft model checkpoint'):
+    make_drafter('hybrid', target=TARGET, settings={'drafter': 'draft_model'})
 
 
 def _experiment(**overrides):
@@ -164,6 +208,9 @@ def _experiment(**overrides):
 
 def test_experiment_config_checks_the_fallback(tmp_path):
   with pytest.raises(ConfigError, match='config.hybrid.drafter'):
+    _experiment(drafters=('hybrid',), hybrid=dict(drafter='ngram'),
+                output_dir=str(tmp_path))
+  with pytest.raises(ConfigError, match="config.draft_model.checkpoint must name a checkpoint"):
     _experiment(drafters=('hybrid',), hybrid=dict(drafter='draft_model'),
                 output_dir=str(tmp_path))
   with pytest.raises(ConfigError, match='config.eagle.checkpoint must name trained weights'):
@@ -173,6 +220,9 @@ def test_experiment_config_checks_the_fallback(tmp_path):
                 output_dir=str(tmp_path))
   config = _experiment(drafters=('hybrid',), output_dir=str(tmp_path))
   assert config.networks == ('hybrid', 'eagle')
+  distilled = _experiment(drafters=('hybrid',), hybrid=dict(drafter='draft_model'),
+                          draft_model=dict(checkpoint='embedded'), output_dir=str(tmp_path))
+  assert distilled.networks == ('hybrid', 'draft_model')
   # A hybrid's rows depend on its fallback's settings.
   other = _experiment(drafters=('hybrid',), eagle=dict(checkpoint='embedded',
                                                        min_confidence=0.5),

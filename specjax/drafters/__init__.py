@@ -76,7 +76,8 @@ def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
     settings = settings_for(name, settings)
   if name == 'hybrid':
     fallback = make_drafter(settings.drafter, target=target, settings=fallback_settings,
-                            target_params=target_params, tokenizer=tokenizer, trained=trained)
+                            draft_model=draft_model, target_params=target_params,
+                            tokenizer=tokenizer, trained=trained)
     return hybrid_lib.make(settings, fallback)
   if name == 'ngram':
     return ngram_lib.make(settings)

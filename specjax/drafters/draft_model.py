@@ -1,12 +1,13 @@
 """A smaller model of the same vocabulary drafts autoregressively (SpS).
 
 The drafter keeps its own KV cache, laid out like the target's: slot s holds
-position s. `init` prefills the prompt; `update` feeds the last two committed
-tokens (positions L-2 and L-1): after a rejection the first of them is already
-cached and is rewritten with the same value; after full acceptance it is the
-last draft, which the drafter never fed, so the bonus case leaves no hole in
-its cache. Two tokens always suffice because every earlier committed position
-was fed before.
+position s. `init` prefills the prompt; `update` feeds the last T committed
+tokens, T the target call's width (at least 2): a call commits at most T, so
+every position committed since the last update is fed, whoever drafted it.
+The drafter's own accepted drafts are rewritten with the same values; the
+last draft after full acceptance, which it never fed, and drafts n-gram
+lookup made in a hybrid (`hybrid.py`), which it never saw, are written for
+the first time. Every earlier committed position was fed before.
 
 Each draft token is drawn by `sampling.draw`: the argmax when greedy (q
 one-hot, returned None), else a draw from q = probabilities(logits) with the
@@ -77,10 +78,11 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
     hidden_BxD = jnp.take_along_axis(out.hidden_BxTxD, last_B[:, None, None], axis=1)[:, 0]
     return out.cache, draft_vocab.head_logits(params['head_NxD'], hidden_BxD, cfg)
 
-  def feed_last_two(params, cache, tokens_BxS, lengths_B):
+  def feed_committed(params, cache, tokens_BxS, lengths_B, width):
+    """Feeds the last `width` committed tokens (positions L - width .. L - 1)."""
     rows = jnp.arange(tokens_BxS.shape[0])
-    positions_Bx2 = jnp.maximum(lengths_B[:, None] - 2 + jnp.arange(2)[None, :], 0)
-    cache, logits = forward(params, tokens_BxS[rows[:, None], positions_Bx2], positions_Bx2,
+    positions_BxW = jnp.maximum(lengths_B[:, None] - width + jnp.arange(width)[None, :], 0)
+    cache, logits = forward(params, tokens_BxS[rows[:, None], positions_BxW], positions_BxW,
                             cache)
     return {'cache': cache, 'next_logits_BxV': logits}
 
@@ -91,10 +93,11 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
     positions_BxT = jnp.broadcast_to(jnp.arange(prompt_len), (batch, prompt_len))
     cache, _ = forward(params, tokens_BxS[:, :prompt_len], positions_BxT,
                        model.init_cache(batch, num_slots), jnp.zeros((batch,), jnp.int32))
-    return feed_last_two(params, cache, tokens_BxS, lengths_B)
+    return feed_committed(params, cache, tokens_BxS, lengths_B, 2)
 
   def update(*, params, state, target: base.TargetView):
-    return feed_last_two(params, state['cache'], target.tokens_BxS, target.lengths_B)
+    width = max(target.positions_BxT.shape[1], 2)
+    return feed_committed(params, state['cache'], target.tokens_BxS, target.lengths_B, width)
 
   def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None):
     del tokens_BxS, shared

@@ -12,10 +12,9 @@ costs nothing to draft.
 The network drafter keeps its own state and is updated after every target
 call, so it must read a call as a whole, whatever drafted it: EAGLE reruns
 its layer over the call's positions with the target's features, Medusa reads
-the hidden state at the accepted count, and the self-drafters share the
-target's cache, which the verify pass rewrites. A draft model's cache is fed
-only the tokens it drafted itself (`draft_model.py`), so it cannot take over
-from n-gram drafts and is refused.
+the hidden state at the accepted count, the self-drafters share the target's
+cache, which the verify pass rewrites, and a draft model (the distilled one)
+feeds its own cache every token the call committed (`draft_model.py`).
 
 Evidence is gamma for a matched row and the network drafter's own (its
 confident prefix) otherwise, and the loop chooses the width from it, as for
@@ -40,7 +39,7 @@ from specjax.drafters import ngram as ngram_lib
 Array = jax.Array
 
 # Drafters whose update reads a target call whole, so they can draft after n-gram drafts.
-FALLBACKS = ('eagle', 'medusa', 'layer_skip', 'early_exit')
+FALLBACKS = ('eagle', 'medusa', 'draft_model', 'layer_skip', 'early_exit')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +57,7 @@ class Settings:
   def __post_init__(self):
     if self.drafter not in FALLBACKS:
       raise ValueError(f'drafter is {self.drafter!r}; a hybrid falls back to one of '
-                       f'{", ".join(FALLBACKS)} (a draft model cannot take over from '
-                       'n-gram drafts: its cache holds only what it drafted)')
+                       f'{", ".join(FALLBACKS)}')
     ngram_lib.Settings(self.max_n, self.min_n, self.matches)   # the same checks
 
   @property

@@ -141,10 +141,16 @@ class ExperimentConfig:
              f'holds unknown drafter {name!r}; known: {", ".join(DRAFTERS)}')
     _check(len(set(self.drafters)) == len(self.drafters), 'drafters',
            f'is {self.drafters!r}: names a drafter twice')
-    if 'draft_model' in self.drafters:
+    if 'hybrid' in self.drafters:
+      try:
+        drafters.settings_for('hybrid', self.hybrid)
+      except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if 'draft_model' in self.networks:   # a drafter, or the hybrid's fallback
       checkpoint = self.draft_model.get('checkpoint', '')
       _check(checkpoint != '', 'draft_model.checkpoint',
-             "must name a checkpoint when drafters include 'draft_model'")
+             "must name a checkpoint when drafters include 'draft_model' (or a hybrid "
+             'falls back to it)')
       if checkpoint == 'embedded':   # the distilled drafter shipped for the embedded 270M
         from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
         where = drafter_io.resolve(checkpoint, 'distilled')
@@ -153,11 +159,6 @@ class ExperimentConfig:
       else:
         _check(_is_checkpoint(checkpoint), 'draft_model.checkpoint',
                f'is {checkpoint!r}: not embedded:NAME and not an existing path')
-    if 'hybrid' in self.drafters:
-      try:
-        drafters.settings_for('hybrid', self.hybrid)
-      except ValueError as e:
-        raise ConfigError(str(e)) from None
     for name in drafters.TRAINED_DRAFTERS:
       if name not in self.networks:
         continue

@@ -61,7 +61,7 @@ def tokenizer(config: ExperimentConfig):
 def checkpoint_digests(config: ExperimentConfig) -> dict[str, str]:
   """{'model': sha256, 'draft_model': sha256 when that drafter runs}: what resumed rows match."""
   names = {'model': config.model} if config.model != TINY_RANDOM else {}
-  if 'draft_model' in config.drafters:
+  if 'draft_model' in config.networks:
     names['draft_model'] = draft_model_path(config.draft_model['checkpoint'])
   from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
   for name in TRAINED_DRAFTERS:

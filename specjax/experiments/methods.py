@@ -73,8 +73,8 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
   network = config.network_of(name)   # the hybrid's fallback, else name
   drafter = drafters.make_drafter(
       name, target=model, settings=config.drafter_settings(name),
-      draft_model=(loading.load_draft_model(config, model, params) if name == 'draft_model'
-                   else None),
+      draft_model=(loading.load_draft_model(config, model, params)
+                   if network == 'draft_model' else None),
       trained=(loading.load_trained_drafter(config, model, network)
                if network in drafters.TRAINED_DRAFTERS else None),
       fallback_settings=config.drafter_settings(network) if network != name else None,

@@ -1,9 +1,17 @@
 """Test-wide JAX settings: implicit rank promotion is an error (STYLE.md), so a
-broadcast the code did not mean fails loudly instead of computing garbage."""
+broadcast the code did not mean fails loudly instead of computing garbage; and
+compiled programs are kept on disk (JAX's persistent cache, in its own directory
+beside the entry points' one), so a program that several test modules compile,
+the 270M's decode loops above all, is compiled once per suite, not once per
+module (each module's in-memory programs are dropped when it ends, below)."""
 
 import jax
 
+from specjax import compile_cache
+
 jax.config.update('jax_numpy_rank_promotion', 'raise')
+compile_cache.enable(compile_cache.default_dir().with_name('jax-compile-tests'),
+                     min_compile_time_s=0.1)
 
 
 import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order

@@ -95,7 +95,8 @@ def get_config(arg=None):
   # (specjax.drafters.search_layer_skip) found for the embedded 270M, shipped with it.
   c.layer_skip = dict(skip=(), min_confidence=0.0, draft_vocab='embedded',
                       draft_vocab_size=32768)
-  # Trained Medusa heads: a directory `python -m specjax.train --config=configs/train_medusa.py` wrote.
+  # Trained Medusa heads: 'embedded' = the ones shipped for the embedded 270M, else a directory
+  # `python -m specjax.train --config=configs/train_medusa.py` wrote.
   c.medusa = dict(checkpoint='', min_confidence=0.0)
   # EAGLE-3-style feature drafter: 'embedded' = the one shipped for the embedded 270M, else a
   # directory `python -m specjax.train --config=configs/train_eagle.py` wrote.

@@ -90,11 +90,7 @@ class Objective:
     return student_init(target_params, self.layers)
 
   def frozen(self, target_params, vocab_ids_N: Array | None) -> dict[str, Array]:
-    embedding_VxD = target_params['embedding_VxD']
-    return {'embedding_VxD': embedding_VxD,
-            'head_NxD': (embedding_VxD if vocab_ids_N is None
-                         else draft_vocab.reduced_head(embedding_VxD, vocab_ids_N)),
-            'index_V': medusa_objective.draft_index(vocab_ids_N, self.target.vocab_size)}
+    return medusa_objective.frozen_table(target_params, vocab_ids_N, self.target.vocab_size)
 
   def logits(self, head_NxD: Array, hidden_BxLxD: Array) -> Array:
     batch, length, width = hidden_BxLxD.shape

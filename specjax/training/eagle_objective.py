@@ -27,7 +27,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters import draft_vocab
 from specjax.drafters import eagle_net
 from specjax.models.config import GemmaConfig
 from specjax.training import medusa_objective
@@ -52,11 +51,7 @@ class Objective:
                                  final_norm_D=target_params['final_norm']['scale'])
 
   def frozen(self, target_params, vocab_ids_N: Array | None) -> dict[str, Array]:
-    embedding_VxD = target_params['embedding_VxD']
-    return {'embedding_VxD': embedding_VxD,
-            'head_NxD': (embedding_VxD if vocab_ids_N is None
-                         else draft_vocab.reduced_head(embedding_VxD, vocab_ids_N)),
-            'index_V': medusa_objective.draft_index(vocab_ids_N, self.target.vocab_size)}
+    return medusa_objective.frozen_table(target_params, vocab_ids_N, self.target.vocab_size)
 
   def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array
            ) -> tuple[Array, dict[str, Array]]:

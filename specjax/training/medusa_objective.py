@@ -48,6 +48,14 @@ def draft_index(vocab_ids_N: Array | None, vocab: int) -> Array:
       jnp.arange(vocab_ids_N.shape[0], dtype=jnp.int32))
 
 
+def frozen_table(target_params, vocab_ids_N: Array | None, vocab_size: int) -> dict[str, Array]:
+  """What a drafter that shares the target's tied table trains against, frozen: the
+  table, its draft-vocabulary rows (the head) and the V -> N index of the labels."""
+  return {'embedding_VxD': target_params['embedding_VxD'],
+          'head_NxD': medusa.head_matrix(target_params, vocab_ids_N),
+          'index_V': draft_index(vocab_ids_N, vocab_size)}
+
+
 def labels(tokens_BxL: Array, lengths_B: Array, index_V: Array, num_heads: int
            ) -> tuple[Array, Array]:
   """Each head's target row at each position, and whether it counts: [B, L, K] each."""

@@ -79,7 +79,8 @@ def get_config(arg=None):
   # '' = chains of gamma drafts. Else a static token tree verified in one target call
   # per step: 'chain-G', 'medusa-16', 'eagle-25', or parent indices '-1,0,0,1' (node i
   # continues node parents[i]; -1 is the pending token). With a tree, gamma is its
-  # depth and draft_length does not apply; only ngram fills branching trees.
+  # depth and draft_length does not apply. ngram, draft_model, medusa, eagle and hybrid
+  # (over one of them) fill branching trees; early_exit and layer_skip draft chains only.
   c.tree = ''
   # Each drafter's settings, checked where it is built (specjax/drafters/<name>.py).
   c.ngram = dict(max_n=3, min_n=1)

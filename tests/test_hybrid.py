@@ -24,7 +24,7 @@ from specjax.experiments.config import ConfigError, ExperimentConfig
 import test_acceptance as acc
 import test_eagle
 import test_medusa
-from test_speculative import MAX_NEW, PADDED, PROMPTS, TARGET, TARGET_PARAMS
+from test_speculative import DRAFTERS, MAX_NEW, PADDED, PROMPTS, TARGET, TARGET_PARAMS
 from test_speculative import check_greedy_tree, eos_id, greedy_reference, plain_greedy
 from test_speculative import spec_generate
 
@@ -127,9 +127,11 @@ def test_a_draft_model_as_the_fallback_feeds_its_cache_what_lookup_drafted():
   assert after_lookup > 0
 
 
-@pytest.mark.parametrize('spec', ['-1,-1,-1,0,0,1,3,4', 'eagle-25'])
-def test_greedy_hybrid_trees_equal_greedy_autoregressive(spec):
-  drafter = hybrid.make(SETTINGS, EAGLE)
+@pytest.mark.parametrize('fallback,spec', [('eagle', '-1,-1,-1,0,0,1,3,4'), ('eagle', 'eagle-25'),
+                                           ('draft_model', '-1,-1,-1,0,0,1,3,4')])
+def test_greedy_hybrid_trees_equal_greedy_autoregressive(fallback, spec):
+  network = EAGLE if fallback == 'eagle' else DRAFTERS['draft_model']
+  drafter = hybrid.make(hybrid.Settings(drafter=fallback), network)
   _, chain = check_greedy_tree(drafter, tree_lib.parse(spec))
   assert sum(chain.accepted_tokens) > 0
 

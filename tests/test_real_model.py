@@ -171,7 +171,7 @@ def test_the_shipped_distilled_drafter_is_exact_and_beats_the_target_cut_short(t
   'embedded'): tied to this target, greedy output identical to autoregressive at batch 3
   of mixed lengths, and more drafts accepted than by its untrained start (the target's
   first blocks and final norm, through the same draft vocabulary), on prompts that are
-  not its training data."""
+  not its training data; exact as a branching tree too."""
   from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
   from specjax.training import distilled_objective  # pylint: disable=g-import-not-at-top
   model, params = target
@@ -182,17 +182,21 @@ def test_the_shipped_distilled_drafter_is_exact_and_beats_the_target_cut_short(t
   student = LanguageModel(distilled_objective.student_config(model.config, layers))
   untrained = distilled_objective.student_init(params, layers)
   reference = autoregressive.generate(model, params, PROMPTS, max_new_tokens=24)
-  accepted = {}
+  accepted, drafters = {}, {}
   for name, student_weights in (('trained', jax.tree.map(jnp.asarray, weights)),
                                 ('untrained', untrained)):
     student_params = distilled_objective.student_params(student_weights, params['embedding_VxD'])
-    drafter = make_drafter('draft_model', target=model,
-                           draft_model=(student, student_params, jnp.asarray(ids)))
-    out = speculative.generate(model, params, drafter, PROMPTS, gamma=4, max_new_tokens=24,
+    drafters[name] = make_drafter('draft_model', target=model,
+                                  draft_model=(student, student_params, jnp.asarray(ids)))
+    out = speculative.generate(model, params, drafters[name], PROMPTS, gamma=4, max_new_tokens=24,
                                policy=draft_length.fixed(4))
     assert out.new_tokens == reference.new_tokens, name
     accepted[name] = sum(out.accepted_tokens)
   assert accepted['trained'] >= accepted['untrained'] + 6, accepted
+  tree = tree_lib.parse('-1,-1,0,0,2,4')   # the trained one, as a branching tree
+  out = speculative.generate(model, params, drafters['trained'], PROMPTS, gamma=tree.max_depth,
+                             max_new_tokens=24, tree=tree)
+  assert out.new_tokens == reference.new_tokens
 
 
 def test_the_shipped_medusa_heads_are_exact_and_beat_untrained_ones(target):

@@ -26,6 +26,7 @@ from specjax.decoding import tree as tree_lib
 from specjax.decoding import tree_verify
 from specjax.drafters import base
 from specjax.drafters import candidate_tree
+from specjax.drafters import draft_model as draft_model_lib
 from specjax.drafters import make_drafter
 from specjax.drafters import ngram as ngram_lib
 
@@ -235,8 +236,9 @@ def check_counts(out, tree):
 
 @pytest.mark.parametrize('name,spec', [
     ('ngram', 'chain-4'), ('ngram', '-1,0,0,1,-1,4,2,6,7'), ('ngram', 'medusa-16'),
-    ('ngram', 'eagle-25'), ('draft_model', 'chain-3'), ('early_exit', 'chain-3'),
-    ('self_draft', 'chain-4'),
+    ('ngram', 'eagle-25'), ('draft_model', 'chain-3'), ('draft_model', '-1,0,0,1,-1,4,2,6,7'),
+    ('draft_model', 'eagle-25'), ('early_exit', 'chain-3'), ('self_draft', 'chain-4'),
+    ('self_draft', 'eagle-25'),
 ])
 def test_greedy_tree_decoding_equals_autoregressive(name, spec):
   tree = tree_lib.parse(spec)
@@ -288,6 +290,45 @@ def test_greedy_parity_on_a_table_target_with_a_top_k_tree_drafter(spec):
   assert sum(first.accepted_tokens) < sum(out.accepted_tokens)
 
 
+@pytest.mark.parametrize('vocab', ['full', 'subset'])
+def test_every_draft_model_node_is_its_rank_after_its_path(vocab):
+  """After init, node i (its parent's r-th child) holds the r-th most likely token of
+  the draft model run over the committed tokens and node i's path from scratch, over
+  its draft vocabulary when it has one: the per-depth tree-masked passes see each
+  node's ancestors and not its siblings or cousins, across the sliding window."""
+  tree = BRANCHY
+  ids_N = None if vocab == 'full' else np.arange(3, 64, 2, dtype=np.int32)
+  drafter = draft_model_lib.make(DRAFT, DRAFT_PARAMS, vocab_ids_N=ids_N)
+  rng = np.random.default_rng(4)
+  prompt_len, slots = 9, 32
+  tokens_BxS = jnp.asarray(rng.integers(3, 64, size=(2, slots)), jnp.int32)
+  lengths_B = jnp.array([prompt_len + 1, prompt_len - 2], jnp.int32)   # + the pending token
+  positions = jnp.broadcast_to(jnp.arange(prompt_len), (2, prompt_len))
+  zeros = jnp.zeros((2, prompt_len, DRAFT.config.embed_dim))
+  view = base.TargetView(tokens_BxS=tokens_BxS, lengths_B=lengths_B, positions_BxT=positions,
+                         hidden_BxTxD=zeros, layer_hidden_LxBxTxD=None,
+                         num_accepted_B=jnp.zeros((2,), jnp.int32))
+  state = drafter.init(params=drafter.params, target=view)
+  proposal = drafter.propose_tree(params=drafter.params, state=state, tokens_BxS=tokens_BxS,
+                                  lengths_B=lengths_B, keys_B=None, sampling=None, tree=tree)
+  tokens_BxN = np.asarray(proposal.tokens_BxN)
+  assert np.asarray(proposal.valid_BxN).all()
+  for b in range(2):
+    committed = list(np.asarray(tokens_BxS[b, :int(lengths_B[b])]))
+    for path in tree.paths():   # the path as a chain, padded after its end (causal)
+      chain = committed + [int(tokens_BxN[b, n]) for n in path]
+      chain += [0] * (slots - len(chain))
+      logits_SxV = np.asarray(DRAFT.forward(
+          DRAFT_PARAMS, jnp.asarray([chain], jnp.int32), jnp.arange(slots)[None],
+          DRAFT.init_cache(1, slots)).logits_BxRxV[0])
+      for k, i in enumerate(path):
+        logits_V = logits_SxV[len(committed) - 1 + k]
+        scored = logits_V if ids_N is None else logits_V[ids_N]
+        want = np.sort(scored)[::-1][int(tree.child_rank_N[i])]
+        assert logits_V[tokens_BxN[b, i]] == pytest.approx(want, abs=1e-4), (b, i)
+        assert ids_N is None or tokens_BxN[b, i] in ids_N
+
+
 def test_greedy_with_eos_and_budget_cuts():
   tree = tree_lib.parse('eagle-25')
   ref = plain_greedy()
@@ -325,9 +366,9 @@ def test_candidate_tree_is_a_cropped_trie_with_distinct_siblings():
 # ------------------------------------------------------------------ bad input
 
 def test_branching_tree_with_a_chain_only_drafter_is_refused():
-  with pytest.raises(tree_lib.TreeError, match=r"drafter 'draft_model' does not propose branching "
+  with pytest.raises(tree_lib.TreeError, match=r"drafter 'early_exit' does not propose branching "
                                                r'trees \(tree -1,0,0'):
-    tree_generate(DRAFTERS['draft_model'], tree_lib.parse('-1,0,0'))
+    tree_generate(DRAFTERS['early_exit'], tree_lib.parse('-1,0,0'))
 
 
 def test_tree_more_nodes_than_the_cache_allows():

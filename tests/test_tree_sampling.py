@@ -3,8 +3,9 @@
 The machinery of test_acceptance.py (bigram target, V = 6, 2**17 rows, the exact
 sequence distribution, Bonferroni over prefixes) checks the multi-candidate rule
 (tree_acceptance.sampling) for distinct deterministic siblings (a top-k tree and
-n-gram trees), identical siblings, i.i.d. sampled siblings (SpecInfer), and a
-chain-only drafter through a chain-shaped tree; negative controls are rules that
+n-gram trees, a draft model's ranked tree), identical siblings, i.i.d. sampled
+siblings (SpecInfer), and a chain-only drafter (a draft model's sampled chain)
+through a chain-shaped tree; negative controls are rules that
 forget to renormalise, to remove rejected siblings, or to subtract q, which the same test
 must reject. (Treating sampled siblings as deterministic ones, q ignored, is
 no negative control: "accept x with r'(x), then remove x" is exact for drafts
@@ -12,6 +13,8 @@ chosen in any way independent of the target's draw, only less often accepted.)
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +34,8 @@ TREE = tree_lib.parse('-1,-1,-1,0,0,1,3')   # three root candidates, depth 3
 RANKED = toy_models.ranked_table_tree_drafter(ta.DRAFT_TABLE)
 SAMPLED = toy_models.sampled_table_tree_drafter(ta.DRAFT_TABLE)
 DUPLICATE = toy_models.ranked_table_tree_drafter(ta.DRAFT_TABLE, duplicate=True)
+# The draft model's chains alone: draws from q, laid out as a chain-shaped tree.
+CHAIN_ONLY = dataclasses.replace(ta.DRAFT_MODEL, propose_tree=None)
 
 
 def run_tree(drafter, cfg, tree=TREE, *, prompt=ta.PROMPT, seed=0):
@@ -46,13 +51,16 @@ def run_tree(drafter, cfg, tree=TREE, *, prompt=ta.PROMPT, seed=0):
     ('sampled', 't1', TREE),
     ('sampled', 'topp', TREE),
     ('ngram', 't1', 'eagle-25'),
-    ('draft_model', 't1', 'chain-3'),
+    ('draft_model', 't1', TREE),
+    ('draft_model', 'topp', TREE),
+    ('chain_only', 't1', 'chain-3'),
 ])
 def test_tree_sampling_is_exact(drafter_name, config, tree):
   cfg = ta.CONFIGS[config]
   tree = tree_lib.parse(tree) if isinstance(tree, str) else tree
   drafter = {'ranked': RANKED, 'duplicate': DUPLICATE, 'sampled': SAMPLED,
-             'ngram': ta.NGRAM, 'draft_model': ta.DRAFT_MODEL}[drafter_name]
+             'ngram': ta.NGRAM, 'draft_model': ta.DRAFT_MODEL, 'chain_only': CHAIN_ONLY
+             }[drafter_name]
   prompt = ta.NGRAM_PROMPT if drafter_name == 'ngram' else ta.PROMPT
   out = run_tree(drafter, cfg, tree, prompt=prompt, seed=7)
   p_value, impossible = ta.check_exact(out.new_tokens, cfg)

@@ -35,7 +35,7 @@ SETTINGS = {
 DRAFTER_NAMES = tuple(SETTINGS)
 # Drafters that fill branching token trees (`Drafter.propose_tree`); the others
 # verify chain-shaped trees only.
-TREE_DRAFTERS = ('ngram', 'medusa', 'eagle', 'hybrid')   # hybrid: with medusa or eagle
+TREE_DRAFTERS = ('ngram', 'draft_model', 'medusa', 'eagle', 'hybrid')   # hybrid: over one of them
 # Drafters whose weights `python -m specjax.train` makes (`checkpoints.drafter_io`).
 TRAINED_DRAFTERS = ('medusa', 'eagle')
 

@@ -14,6 +14,19 @@ one-hot, returned None), else a draw from q = probabilities(logits) with the
 same temperature, top-k and top-p as the target. The row's evidence is its
 run of drafts at least `min_confidence` likely under the drafter.
 
+`propose_tree` fills a static token tree as EAGLE's does: a node that is its
+parent's r-th child takes the r-th most likely token after its parent. The
+model runs once per depth that has children to draft, over the root and the
+nodes so far in one tree-masked call (`gemma.tree_attention_mask`: each node
+sees the committed cache and its own ancestors, at the position of its depth,
+written at slots L-1 .. L-1+N as the target's verify call writes them), so
+every root-to-node path drafts what `propose` would draft along it. Siblings
+are distinct and ranked, never sampled, so q is one-hot (None) and the tree
+rule stays exact under sampling. The slots past the pending token that the
+tree wrote hold nodes, not committed tokens; `update` feeds every committed
+position from the pending one on (the call's width is the tree's depth + 1),
+and a slot past a row's length is never read, so they do no harm.
+
 With a draft vocabulary (`vocab_ids_N`, as a distilled drafter from
 `python -m specjax.train --config=configs/train_distilled.py` ships) the
 model's head scores only those N rows of its tied table, gathered once: its
@@ -66,17 +79,26 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
                     'head_NxD': None if ids is None else draft_vocab.reduced_head(
                         params['embedding_VxD'], jnp.asarray(ids))}
 
-  def forward(params, tokens_BxT, positions_BxT, cache, last_B=None):
-    """The new cache and the logits at `last_B` (default: the last position), over the
+  def forward_at(params, tokens_BxT, positions_BxT, cache, index_BxR, tree_mask=None):
+    """The new cache and the logits at positions `index_BxR` of the call, over the
     draft vocabulary when there is one."""
+    if params['head_NxD'] is None:
+      out = model.forward(params['model'], tokens_BxT, positions_BxT, cache, index_BxR,
+                          tree_mask=tree_mask)
+      return out.cache, out.logits_BxRxV
+    out = model.forward(params['model'], tokens_BxT, positions_BxT, cache, logits=False,
+                        tree_mask=tree_mask)
+    hidden_BxRxD = jnp.take_along_axis(out.hidden_BxTxD, index_BxR[:, :, None], axis=1)
+    b, r, d = hidden_BxRxD.shape
+    logits = draft_vocab.head_logits(params['head_NxD'], hidden_BxRxD.reshape(b * r, d), cfg)
+    return out.cache, logits.reshape(b, r, -1)
+
+  def forward(params, tokens_BxT, positions_BxT, cache, last_B=None):
+    """The new cache and the logits at `last_B` (default: the last position)."""
     if last_B is None:
       last_B = jnp.full((tokens_BxT.shape[0],), tokens_BxT.shape[1] - 1, jnp.int32)
-    if params['head_NxD'] is None:
-      out = model.forward(params['model'], tokens_BxT, positions_BxT, cache, last_B[:, None])
-      return out.cache, out.logits_BxRxV[:, 0]
-    out = model.forward(params['model'], tokens_BxT, positions_BxT, cache, logits=False)
-    hidden_BxD = jnp.take_along_axis(out.hidden_BxTxD, last_B[:, None, None], axis=1)[:, 0]
-    return out.cache, draft_vocab.head_logits(params['head_NxD'], hidden_BxD, cfg)
+    cache, logits_Bx1xV = forward_at(params, tokens_BxT, positions_BxT, cache, last_B[:, None])
+    return cache, logits_Bx1xV[:, 0]
 
   def feed_committed(params, cache, tokens_BxS, lengths_B, width):
     """Feeds the last `width` committed tokens (positions L - width .. L - 1)."""
@@ -131,5 +153,52 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
     return base.Proposal(draft_BxG, q_BxGxV, num_drafts_B,
                          {'cache': carry[0], 'next_logits_BxV': carry[1]})
 
+  def propose_tree(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, tree, shared=None):
+    del keys_B, sampling, shared
+    ids_N = params['ids_N']
+    batch, num_nodes = lengths_B.shape[0], tree.num_nodes
+    start_B = lengths_B - 1
+    pending_Bx1 = jnp.take_along_axis(tokens_BxS, start_B[:, None], axis=1)
+    depth_T = np.concatenate([[0], tree.depth_N]).astype(np.int32)
+    cache = state['cache']
+    logits_T = {0: state['next_logits_BxV']}   # tree index -> the logits after it
+    ranked = {}   # tree index -> (token_BxR, prob_BxR) of its R most likely children
+
+    def children_of(t):
+      if t not in ranked:
+        r = 1 + max(int(tree.child_rank_N[i]) for i in tree.children[t])
+        top_logits_BxR, top_BxR = jax.lax.top_k(logits_T[t], r)
+        prob_BxR = jnp.exp(top_logits_BxR - jax.nn.logsumexp(logits_T[t], axis=-1)[:, None])
+        token_BxR = top_BxR if ids_N is None else ids_N[top_BxR]
+        ranked[t] = (token_BxR.astype(jnp.int32), prob_BxR)
+      return ranked[t]
+
+    tokens = [jnp.zeros((batch,), jnp.int32)] * num_nodes
+    valid = [None] * num_nodes
+    for depth in range(1, tree.max_depth + 1):
+      level = [i for i in range(num_nodes) if tree.depth_N[i] == depth]
+      for i in level:
+        parent, rank = tree.parents[i], int(tree.child_rank_N[i])
+        token_BxR, prob_BxR = children_of(parent + 1)
+        tokens[i] = token_BxR[:, rank]
+        ok_B = prob_BxR[:, rank] >= settings.min_confidence
+        valid[i] = ok_B if parent < 0 else ok_B & valid[parent]
+      expand = [i for i in level if tree.children[i + 1]]
+      if not expand:
+        continue
+      # The root and the nodes up to the last to expand (ancestors come first); a node
+      # not drafted yet is a placeholder no expanded node sees.
+      t = max(expand) + 2
+      cache, logits_BxWxV = forward_at(
+          params, jnp.concatenate([pending_Bx1, jnp.stack(tokens[:t - 1], axis=1)], axis=1),
+          start_B[:, None] + jnp.asarray(depth_T[:t])[None, :], cache,
+          jnp.broadcast_to(jnp.asarray(expand, jnp.int32) + 1, (batch, len(expand))),
+          tree_mask=jnp.asarray(tree.mask_TxT[:t, :t]))
+      for w, i in enumerate(expand):
+        logits_T[i + 1] = logits_BxWxV[:, w]
+    return base.TreeProposal(jnp.stack(tokens, axis=1), None, jnp.stack(valid, axis=1),
+                             {'cache': cache, 'next_logits_BxV': state['next_logits_BxV']})
+
   return base.Drafter(name=name, vocab_size=cfg.vocab_size, init=init, update=update,
-                      propose=propose, params=drafter_params, costly_drafts=True)
+                      propose=propose, params=drafter_params, costly_drafts=True,
+                      propose_tree=propose_tree)

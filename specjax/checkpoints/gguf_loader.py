@@ -20,6 +20,7 @@ from absl import logging
 import gguf
 import numpy as np
 
+from specjax.checkpoints import gguf_header
 from specjax.checkpoints import param_tree
 from specjax.checkpoints.config_io import complete_config
 from specjax.checkpoints.errors import CheckpointError
@@ -222,15 +223,23 @@ def gguf_params(reader: gguf.GGUFReader, config: GemmaConfig,
   return params
 
 
+_METADATA_PREFIXES = ('general.', 'tokenizer.ggml.')
+
+
 def gguf_metadata(reader: gguf.GGUFReader, path: str | os.PathLike) -> dict[str, Any]:
   """The `general.*` and `tokenizer.ggml.*` fields as plain Python values."""
   return {key: _value(reader, key, Path(path)) for key in reader.fields
-          if key.startswith(('general.', 'tokenizer.ggml.'))}
+          if key.startswith(_METADATA_PREFIXES)}
 
 
 def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
-  """The tokenizer and general metadata of a GGUF (token list, scores, special ids, ...)."""
-  return gguf_metadata(open_gguf(path), path)
+  """The tokenizer and general metadata of a GGUF (token list, scores, special ids, ...),
+  as `gguf_metadata` gives them, read by walking the header (`gguf_header`), not by
+  GGUFReader, which parses every field (13 s for Gemma 3's vocabulary against 0.3 s)."""
+  path = Path(path)
+  if not path.is_file():
+    raise CheckpointError(f'{path}: no such GGUF file')
+  return gguf_header.read_fields(path, _METADATA_PREFIXES)
 
 
 def load_gguf(path: str | os.PathLike) -> tuple[GemmaConfig, dict[str, Any]]:

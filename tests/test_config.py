@@ -33,8 +33,9 @@ def test_default_config_converts_and_matches_the_dataclass():
   assert set(config.keys()) == fields
   cfg = config_lib.ExperimentConfig.from_config(config)
   assert cfg.model == 'embedded:gemma3-270m'
-  assert cfg.methods == ('autoregressive', 'ngram')
-  assert cfg.sampling.greedy and cfg.max_new_tokens == 128 and cfg.resume
+  assert cfg.methods == ('autoregressive', 'ngram', 'hybrid')
+  assert cfg.hybrid['drafter'] == 'eagle' and cfg.eagle['checkpoint'] == 'embedded'
+  assert cfg.sampling.greedy and cfg.max_new_tokens == 64 and cfg.resume
 
 
 def test_named_variants_and_key_values_in_the_arg():

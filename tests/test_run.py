@@ -61,9 +61,11 @@ def specjax_run(args, cwd, cache, timeout=600):
 
 
 def tiny_flags(prompts: pathlib.Path, max_new_tokens: int = 4) -> list[str]:
+  """A tiny random target, so n-gram lookup alone: the default's hybrid drafts with the
+  EAGLE head shipped for the embedded 270M, which refuses any other target."""
   return ['--config.model=tiny-random', f'--config.prompts={prompts}',
           f'--config.max_new_tokens={max_new_tokens}', '--config.chat_template=False',
-          '--config.early_exit.layers=1']
+          '--config.early_exit.layers=1', "--config.drafters=('ngram',)"]
 
 
 def write_prompts(path: pathlib.Path, count: int) -> pathlib.Path:
@@ -96,7 +98,8 @@ BAD_INPUTS = {
     'max_new_tokens 100000': (['--config={config}', '--config.max_new_tokens=100000'],
                               ['config.max_new_tokens is 100000', 'max_cache_len']),
     'a prompt too long': (['--config={config}', '--config.max_cache_len=150'],
-                          ['config.max_cache_len is 150', "prompt 'coding-1'", 'too_long=skip']),
+                          ['config.max_cache_len is 150', "prompt 'summarization-1'",
+                           'too_long=skip']),
     'too_long misspelt': (['--config={config}', '--config.too_long=skp'],
                           ["config.too_long is 'skp'"]),
     'output_dir under a file': (['--config={config}', '--config.output_dir={tmp}/a_file/out'],
@@ -257,7 +260,7 @@ def test_the_real_entry_point_derives_its_output_dir(tmp_path, cache_dir):
   assert result.returncode == 0, result.stderr[-2000:]
   out = tmp_path / 'results' / 'gemma-quick'
   rows = [json.loads(line) for line in (out / 'results.jsonl').open()]
-  assert len(rows) == 8 and all('max_cache_len 40' in r['skipped'] for r in rows)
+  assert len(rows) == 12 and all('max_cache_len 40' in r['skipped'] for r in rows)  # 4 x 3 methods
   assert json.loads((out / 'config.json').read_text())['config']['limit'] == 4
   assert len(json.loads((out / 'summary.json').read_text())['skipped']) == 4
   assert weight_entries(cache_dir) == []

@@ -10,7 +10,11 @@ import json
 import pathlib
 import tomllib
 
+import pytest
+
 from specjax.checkpoints import drafter_io
+from specjax.checkpoints.errors import CheckpointError
+from specjax.models.config import tiny_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT / 'specjax' / 'drafters' / 'data'
@@ -48,3 +52,15 @@ def test_each_trained_drafter_names_its_target_command_and_curve():
     assert manifest['command'] in readme and directory.name in readme
     assert (directory / 'curve.png').stat().st_size > 0
     assert (directory / 'metrics.jsonl').read_text().strip()
+
+
+@pytest.mark.parametrize('kind', ['eagle', 'medusa', 'distilled'])
+def test_a_shipped_drafter_for_another_target_says_what_to_do(kind):
+  """The default run drafts with the shipped EAGLE head: given another model, the
+  error names the shipped drafter and the way out, before any decoding."""
+  other = drafter_io.target_signature(tiny_config(), '')
+  with pytest.raises(CheckpointError, match=(
+      rf"trained for another target: its embed_dim is 640, this target's is 32; checkpoint "
+      rf"'embedded' is the {kind} drafter shipped for embedded:gemma3-270m.*"
+      r'--config.drafters=ngram')):
+    drafter_io.load_drafter('embedded', kind, target=other)

@@ -74,6 +74,7 @@ def load_drafter(directory: str | os.PathLike, kind: str, *, target: dict[str, A
   `target` is `target_signature` of the target it will draft for; a sha256 of
   '' skips the content check (a target given by config only, e.g. in tests).
   """
+  shipped = str(directory) == 'embedded'
   directory = resolve(str(directory), kind)
   manifest_path = directory / MANIFEST
   if not manifest_path.is_file():
@@ -89,9 +90,12 @@ def load_drafter(directory: str | os.PathLike, kind: str, *, target: dict[str, A
     if key == 'sha256' and not (target.get(key) and trained.get(key)):
       continue
     if trained.get(key) != target.get(key):
+      hint = (f"; checkpoint 'embedded' is the {kind} drafter shipped for "
+              'embedded:gemma3-270m: for another target train one (python -m specjax.train) '
+              'or leave it out (--config.drafters=ngram)' if shipped else '')
       raise CheckpointError(
           f'{directory} was trained for another target: its {key} is {trained.get(key)!r}, '
-          f"this target's is {target.get(key)!r}")
+          f"this target's is {target.get(key)!r}{hint}")
   vocab_ids = None
   if (directory / 'vocab_ids.npy').is_file():
     vocab_ids = np.load(directory / 'vocab_ids.npy')

@@ -80,18 +80,19 @@ def generate(model: LanguageModel, params, prompts: Sequence[Sequence[int]] | ba
              *, max_new_tokens: int,
              sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
              eos_ids: Sequence[int] = (), seed: int = 0, row_ids: Sequence[int] | None = None,
-             max_cache_len: int | None = None) -> Generation:
+             max_cache_len: int | None = None, warm_up: bool = False) -> Generation:
   """Generates for a batch of token-id prompts (or a batch packed once by
   `program.pack`); rows may differ in length.
 
   `row_ids` name each row's rng stream (default: its index), so a row's
-  sampled output does not depend on which batch it ran in.
+  sampled output does not depend on which batch it ran in. `warm_up` compiles
+  and runs the program generating one token per row (`program.run`).
   """
   packed = program_lib.pack(model, prompts, max_new_tokens=max_new_tokens, extra_slots=1,
                             row_ids=row_ids, max_cache_len=max_cache_len)
   loop = program_lib.Loop(target=model, sampling=sampling, eos_ids=tuple(int(e) for e in eos_ids),
                           max_new_tokens=max_new_tokens, prefill_len=packed.prefill_len)
-  out, wall_s = program_lib.run(program, loop, params, None, packed, seed=seed)
+  out, wall_s = program_lib.run(program, loop, params, None, packed, seed=seed, warm_up=warm_up)
   return Generation(
       new_tokens=batch_lib.new_tokens(out['tokens_BxS'], packed.lengths_B, out['num_new_B'],
                                       packed.active_B),

@@ -2,10 +2,12 @@
 
 Each row keeps its own length and positions (no left padding, no lockstep):
 prompt tokens sit at slots [0, length) of a `[B, S]` token buffer whose slots
-match the KV cache's. Shapes are bucketed (prefill length to a power of two,
-slots to a multiple of 128) so that a sweep over many prompts compiles a few
-programs, not one per prompt. Rows added to fill a mesh's 'data' axis are
-marked inactive and never touch results or statistics.
+match the KV cache's. Shapes are bucketed so that a sweep over many prompts
+compiles a few programs, not one per prompt: the prefill length to a power of
+two, at least PREFILL_MIN, and the slots to a multiple of 128, enough for the
+longest prompt of the whole run when the caller names it (an experiment does),
+so every batch of a run has one slot count. Rows added to fill a mesh's 'data'
+axis are marked inactive and never touch results or statistics.
 """
 
 from __future__ import annotations
@@ -42,7 +44,14 @@ class PromptBatch:
     return self.tokens_BxS.shape, self.prefill_len
 
 
-def _next_power_of_two(n: int, minimum: int = 16) -> int:
+# The shortest prefill. Every shorter prompt shares its program: on the 270M on a
+# 2-core CPU a prefill over 128 positions took 128 ms, over 32 positions 56 ms
+# (benchmark: a jitted forward at batch 1), a few hundredths of a 128-token
+# generation, where a compile of the speculative program takes 10-30 s.
+PREFILL_MIN = 128
+
+
+def _next_power_of_two(n: int, minimum: int = PREFILL_MIN) -> int:
   return max(minimum, 1 << (n - 1).bit_length())
 
 
@@ -52,10 +61,12 @@ def _round_up(n: int, multiple: int) -> int:
 
 def pack(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, extra_slots: int = 0,
          max_slots: int, row_ids: Sequence[int] | None = None, rows_multiple: int = 1,
-         vocab_size: int | None = None) -> PromptBatch:
+         vocab_size: int | None = None, run_longest: int = 0) -> PromptBatch:
   """Validates prompts and lays them out; `extra_slots` is how far past the last
   committed token a step may write (gamma + 1 for a verify step, 1 for a
-  decode step, whose single entry kv_cache.write writes twice)."""
+  decode step, whose single entry kv_cache.write writes twice). `run_longest`,
+  the longest prompt of the run this batch is part of, sizes the cache for it
+  too (capped at max_slots), so the run's batches share one slot count."""
   if not prompts:
     raise ValueError('no prompts given')
   if max_new_tokens < 1:
@@ -73,7 +84,8 @@ def pack(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, extra_slots: 
     if vocab_size is not None and (min(prompt) < 0 or max(prompt) >= vocab_size):
       raise ValueError(f'prompt {i} has token ids outside [0, {vocab_size})')
   prefill_len = min(_next_power_of_two(max(lengths)), max_slots)
-  num_slots = min(max_slots, _round_up(max(prefill_len, max(lengths) + max_new_tokens
+  longest = max(max(lengths), run_longest)
+  num_slots = min(max_slots, _round_up(max(prefill_len, longest + max_new_tokens
                                            + extra_slots), 128))
   num_slots = max(num_slots, prefill_len)
   real = len(prompts)

@@ -47,15 +47,16 @@ class Loop:
 
 def pack(model, prompts: Sequence[Sequence[int]] | batch_lib.PromptBatch, *,
          max_new_tokens: int, extra_slots: int, row_ids: Sequence[int] | None = None,
-         max_cache_len: int | None = None) -> batch_lib.PromptBatch:
-  """Prompts laid out for `model` (a PromptBatch is passed through as packed)."""
+         max_cache_len: int | None = None, run_longest: int = 0) -> batch_lib.PromptBatch:
+  """Prompts laid out for `model` (a PromptBatch is passed through as packed);
+  `run_longest` as `batch.pack`'s."""
   if isinstance(prompts, batch_lib.PromptBatch):
     return prompts
   max_slots = min(max_cache_len or model.config.max_position, model.config.max_position)
   return batch_lib.pack(prompts, max_new_tokens=max_new_tokens, extra_slots=extra_slots,
                         max_slots=max_slots, row_ids=row_ids,
                         rows_multiple=model.data_parallelism,
-                        vocab_size=model.config.vocab_size)
+                        vocab_size=model.config.vocab_size, run_longest=run_longest)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -64,14 +65,19 @@ def _compiled(program: Callable, loop: Loop, *args):
 
 
 def run(program: Callable, loop: Loop, target_params, drafter_params,
-        packed: batch_lib.PromptBatch, *, seed: int, data=None
+        packed: batch_lib.PromptBatch, *, seed: int, data=None, warm_up: bool = False
         ) -> tuple[dict[str, np.ndarray], float]:
   """Runs `program(loop, target_params, drafter_params, data, tokens_BxS,
   lengths_B, max_new_B, keys_B, active_B)` to completion; returns its outputs
   on the host and the wall time. `data` is any other pytree of arrays the
-  program reads (measured costs: data, so they never recompile it)."""
+  program reads (measured costs: data, so they never recompile it).
+
+  `warm_up` runs the same compiled program with a budget of one new token per
+  row (the budget is data): it compiles the program and pays its first call's
+  costs without generating, so an experiment's untimed first run is cheap.
+  """
   keys_B = sampling_lib.row_keys(seed, packed.row_ids_B)
-  max_new_B = np.full(packed.lengths_B.shape, loop.max_new_tokens, np.int32)
+  max_new_B = np.full(packed.lengths_B.shape, 1 if warm_up else loop.max_new_tokens, np.int32)
   start = time.perf_counter()
   out = _compiled(program, loop, target_params, drafter_params, data, packed.tokens_BxS,
                   packed.lengths_B, max_new_B, keys_B, packed.active_B)

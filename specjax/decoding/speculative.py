@@ -397,7 +397,7 @@ def generate(target: LanguageModel, target_params, drafter: Drafter,
              eos_ids: Sequence[int] = (), seed: int = 0, row_ids: Sequence[int] | None = None,
              max_cache_len: int | None = None,
              policy: draft_length.Policy | None = None,
-             tree: Tree | None = None) -> SpeculativeGeneration:
+             tree: Tree | None = None, warm_up: bool = False) -> SpeculativeGeneration:
   """Speculative generation for a batch of token-id prompts of any lengths.
 
   The output is distributed exactly as `autoregressive.generate`'s (identical
@@ -406,6 +406,8 @@ def generate(target: LanguageModel, target_params, drafter: Drafter,
   `policy` None is the adaptive default (`make_policy`). With a `tree`
   (`decoding/tree.py`) every step verifies that static token tree
   (`tree_verify.py`): gamma must be the tree's depth, and `policy` is unused.
+  `warm_up` compiles and runs the program generating one token per row
+  (`program.run`).
   """
   gamma = check_gamma(gamma)
   check_drafter(drafter, target)
@@ -429,7 +431,7 @@ def generate(target: LanguageModel, target_params, drafter: Drafter,
                           max_new_tokens=max_new_tokens, prefill_len=packed.prefill_len,
                           drafter=drafter, gamma=gamma, policy=policy, tree=tree)
   out, wall_s = program_lib.run(program, loop, target_params, drafter.params, packed, seed=seed,
-                                data=np.asarray(policy.costs, np.float32))
+                                data=np.asarray(policy.costs, np.float32), warm_up=warm_up)
   active = packed.active_B
   return SpeculativeGeneration(
       new_tokens=batch_lib.new_tokens(out['tokens_BxS'], packed.lengths_B, out['num_new_B'],

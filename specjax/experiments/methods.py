@@ -3,7 +3,8 @@
 The baseline is `specjax.decoding.autoregressive.generate`; each drafter runs
 through `specjax.decoding.speculative.generate`. A runner also names the
 compiled-program bucket a batch falls in, so the experiment can compile each
-bucket once, untimed, before the batches it times.
+bucket once, in an untimed warm-up run of one token per row, before the
+batches it times.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ class BatchResult:
 
 @dataclasses.dataclass(frozen=True)
 class Runner:
-  run: Callable[[batch_lib.PromptBatch], BatchResult]
-  pack: Callable[..., batch_lib.PromptBatch]   # (prompts, row_ids) -> the batch to run
+  # (batch, warm_up=False) -> its result; warm_up compiles and generates one token per row
+  run: Callable[..., BatchResult]
+  # (prompts, row_ids, run_longest) -> the batch to run, its cache sized for the run's
+  # longest prompt too (`batch.pack`)
+  pack: Callable[..., batch_lib.PromptBatch]
 
 
 def make_runner(method: str, model, params, config: ExperimentConfig,
@@ -53,18 +57,18 @@ def make_runner(method: str, model, params, config: ExperimentConfig,
 def _packer(model, config: ExperimentConfig, extra_slots: int):
   """Packs a batch once: its shapes select the compiled program, and the runner
   runs the same PromptBatch."""
-  def pack(prompts, row_ids=None):
+  def pack(prompts, row_ids=None, run_longest=0):
     return program.pack(model, prompts, max_new_tokens=config.max_new_tokens,
                         extra_slots=extra_slots, row_ids=row_ids,
-                        max_cache_len=config.max_cache_len)
+                        max_cache_len=config.max_cache_len, run_longest=run_longest)
   return pack
 
 
 def _autoregressive(model, params, config: ExperimentConfig, eos_ids) -> Runner:
-  def run(packed):
+  def run(packed, warm_up=False):
     out = autoregressive.generate(
         model, params, packed, max_new_tokens=config.max_new_tokens, sampling=config.sampling,
-        eos_ids=eos_ids, seed=config.seed)
+        eos_ids=eos_ids, seed=config.seed, warm_up=warm_up)
     return BatchResult(out.new_tokens, out.wall_s, [{} for _ in out.new_tokens])
   return Runner(run, _packer(model, config, preflight.verify_slots(config, BASELINE)))
 
@@ -81,12 +85,12 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
       target_params=params)  # the tokenizer was checked against a draft vocabulary in preflight
   policy_for = functools.cache(functools.partial(_policy, model, params, config, drafter))
 
-  def run(packed):
+  def run(packed, warm_up=False):
     tree = config.token_tree
     out = speculative.generate(
         model, params, drafter, packed, gamma=config.loop_gamma,
         max_new_tokens=config.max_new_tokens, sampling=config.sampling, eos_ids=eos_ids,
-        seed=config.seed, tree=tree,
+        seed=config.seed, tree=tree, warm_up=warm_up,
         policy=None if tree is not None else policy_for(packed.tokens_BxS.shape))
     stats = [dict(gamma=config.loop_gamma, target_calls=out.target_calls[i],
                   plain_calls=out.plain_calls[i], drafted_tokens=out.drafted_tokens[i],

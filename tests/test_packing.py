@@ -1,6 +1,7 @@
 """Packing and warm-up: what decides how many programs an experiment compiles.
 
-Every prompt up to PREFILL_MIN tokens shares one prefill width; a batch sized
+In an experiment every prompt up to PREFILL_MIN tokens shares one prefill
+width (the library's own minimum stays 16); a batch sized
 for its run's longest prompt has the run's slot count; a warm-up run is the
 same compiled program with a budget of one token per row.
 """
@@ -17,12 +18,14 @@ TARGET, PARAMS = toy_models.tiny_gemma()
 
 
 def test_short_prompts_share_one_prefill_width_and_a_run_one_slot_count():
-  short = batch_lib.pack([[1] * 5], max_new_tokens=8, max_slots=4096)
-  longer = batch_lib.pack([[1] * 100], max_new_tokens=8, max_slots=4096)
+  mins = dict(min_prefill=batch_lib.PREFILL_MIN)
+  short = batch_lib.pack([[1] * 5], max_new_tokens=8, max_slots=4096, **mins)
+  longer = batch_lib.pack([[1] * 100], max_new_tokens=8, max_slots=4096, **mins)
   assert short.prefill_len == longer.prefill_len == batch_lib.PREFILL_MIN
   assert short.num_slots == 128
+  assert batch_lib.pack([[1] * 5], max_new_tokens=8, max_slots=4096).prefill_len == 16
   sized = batch_lib.pack([[1] * 5], max_new_tokens=8, max_slots=4096, run_longest=300)
-  assert sized.num_slots == 384 and sized.prefill_len == batch_lib.PREFILL_MIN
+  assert sized.num_slots == 384 and sized.prefill_len == 16
   assert batch_lib.pack([[1] * 5], max_new_tokens=8, max_slots=200, run_longest=300
                         ).num_slots == 200   # never past the cap
   assert batch_lib.pack([[1] * 200], max_new_tokens=8, max_slots=4096).prefill_len == 256

@@ -4,9 +4,10 @@ Each row keeps its own length and positions (no left padding, no lockstep):
 prompt tokens sit at slots [0, length) of a `[B, S]` token buffer whose slots
 match the KV cache's. Shapes are bucketed so that a sweep over many prompts
 compiles a few programs, not one per prompt: the prefill length to a power of
-two, at least PREFILL_MIN, and the slots to a multiple of 128, enough for the
-longest prompt of the whole run when the caller names it (an experiment does),
-so every batch of a run has one slot count. Rows added to fill a mesh's 'data'
+two (at least 16, or `min_prefill`: an experiment asks for PREFILL_MIN), and
+the slots to a multiple of 128, enough for the longest prompt of the whole run
+when the caller names it (an experiment does), so every batch of a run has one
+slot count. Rows added to fill a mesh's 'data'
 axis are marked inactive and never touch results or statistics.
 """
 
@@ -44,14 +45,16 @@ class PromptBatch:
     return self.tokens_BxS.shape, self.prefill_len
 
 
-# The shortest prefill. Every shorter prompt shares its program: on the 270M on a
-# 2-core CPU a prefill over 128 positions took 128 ms, over 32 positions 56 ms
-# (benchmark: a jitted forward at batch 1), a few hundredths of a 128-token
-# generation, where a compile of the speculative program takes 10-30 s.
+# The shortest prefill of an experiment's batches. Every shorter prompt shares its
+# program: on the 270M on a 2-core CPU a prefill over 128 positions took 128 ms,
+# over 32 positions 56 ms (a jitted forward at batch 1), a few hundredths of a
+# 64-token generation, where a compile of the speculative program takes 10-30 s.
+# Not the library's default: a statistical test's 2**17 rows would hold 8x the
+# prompt-position hidden states a drafter's init reads.
 PREFILL_MIN = 128
 
 
-def _next_power_of_two(n: int, minimum: int = PREFILL_MIN) -> int:
+def _next_power_of_two(n: int, minimum: int = 16) -> int:
   return max(minimum, 1 << (n - 1).bit_length())
 
 
@@ -61,12 +64,14 @@ def _round_up(n: int, multiple: int) -> int:
 
 def pack(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, extra_slots: int = 0,
          max_slots: int, row_ids: Sequence[int] | None = None, rows_multiple: int = 1,
-         vocab_size: int | None = None, run_longest: int = 0) -> PromptBatch:
+         vocab_size: int | None = None, run_longest: int = 0,
+         min_prefill: int = 16) -> PromptBatch:
   """Validates prompts and lays them out; `extra_slots` is how far past the last
   committed token a step may write (gamma + 1 for a verify step, 1 for a
   decode step, whose single entry kv_cache.write writes twice). `run_longest`,
   the longest prompt of the run this batch is part of, sizes the cache for it
-  too (capped at max_slots), so the run's batches share one slot count."""
+  too (capped at max_slots), so the run's batches share one slot count;
+  `min_prefill` is the shortest prefill width."""
   if not prompts:
     raise ValueError('no prompts given')
   if max_new_tokens < 1:
@@ -83,7 +88,7 @@ def pack(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, extra_slots: 
           f'{max_slots} allowed (max_cache_len / the model\'s context)')
     if vocab_size is not None and (min(prompt) < 0 or max(prompt) >= vocab_size):
       raise ValueError(f'prompt {i} has token ids outside [0, {vocab_size})')
-  prefill_len = min(_next_power_of_two(max(lengths)), max_slots)
+  prefill_len = min(_next_power_of_two(max(lengths), min_prefill), max_slots)
   longest = max(max(lengths), run_longest)
   num_slots = min(max_slots, _round_up(max(prefill_len, longest + max_new_tokens
                                            + extra_slots), 128))

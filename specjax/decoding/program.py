@@ -47,16 +47,18 @@ class Loop:
 
 def pack(model, prompts: Sequence[Sequence[int]] | batch_lib.PromptBatch, *,
          max_new_tokens: int, extra_slots: int, row_ids: Sequence[int] | None = None,
-         max_cache_len: int | None = None, run_longest: int = 0) -> batch_lib.PromptBatch:
+         max_cache_len: int | None = None, run_longest: int = 0,
+         min_prefill: int = 16) -> batch_lib.PromptBatch:
   """Prompts laid out for `model` (a PromptBatch is passed through as packed);
-  `run_longest` as `batch.pack`'s."""
+  `run_longest` and `min_prefill` as `batch.pack`'s."""
   if isinstance(prompts, batch_lib.PromptBatch):
     return prompts
   max_slots = min(max_cache_len or model.config.max_position, model.config.max_position)
   return batch_lib.pack(prompts, max_new_tokens=max_new_tokens, extra_slots=extra_slots,
                         max_slots=max_slots, row_ids=row_ids,
                         rows_multiple=model.data_parallelism,
-                        vocab_size=model.config.vocab_size, run_longest=run_longest)
+                        vocab_size=model.config.vocab_size, run_longest=run_longest,
+                        min_prefill=min_prefill)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))

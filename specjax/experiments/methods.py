@@ -60,7 +60,8 @@ def _packer(model, config: ExperimentConfig, extra_slots: int):
   def pack(prompts, row_ids=None, run_longest=0):
     return program.pack(model, prompts, max_new_tokens=config.max_new_tokens,
                         extra_slots=extra_slots, row_ids=row_ids,
-                        max_cache_len=config.max_cache_len, run_longest=run_longest)
+                        max_cache_len=config.max_cache_len, run_longest=run_longest,
+                        min_prefill=batch_lib.PREFILL_MIN)
   return pack
 
 

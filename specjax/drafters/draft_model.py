@@ -69,12 +69,7 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
   """The drafter for `model` and its `params`; `vocab_ids_N` restricts its head to
   those token ids (the rows of its own tied table)."""
   cfg = model.config
-  ids = None
-  if vocab_ids_N is not None:
-    ids = np.asarray(vocab_ids_N, np.int32)
-    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= cfg.vocab_size:
-      raise ValueError(f'draft model vocabulary must be ids in [0, {cfg.vocab_size}), '
-                       f'got shape {ids.shape}')
+  ids = draft_vocab.checked_ids(vocab_ids_N, cfg.vocab_size, 'draft model')
   drafter_params = {'model': params, 'ids_N': None if ids is None else jnp.asarray(ids),
                     'head_NxD': None if ids is None else draft_vocab.reduced_head(
                         params['embedding_VxD'], jnp.asarray(ids))}
@@ -167,10 +162,7 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
     def children_of(t):
       if t not in ranked:
         r = 1 + max(int(tree.child_rank_N[i]) for i in tree.children[t])
-        top_logits_BxR, top_BxR = jax.lax.top_k(logits_T[t], r)
-        prob_BxR = jnp.exp(top_logits_BxR - jax.nn.logsumexp(logits_T[t], axis=-1)[:, None])
-        token_BxR = top_BxR if ids_N is None else ids_N[top_BxR]
-        ranked[t] = (token_BxR.astype(jnp.int32), prob_BxR)
+        ranked[t] = draft_vocab.ranked(logits_T[t], r, ids_N)
       return ranked[t]
 
     tokens = [jnp.zeros((batch,), jnp.int32)] * num_nodes

@@ -140,6 +140,26 @@ def resolve(name: str, size: int, *, vocab_size: int, tokenizer: str | None = No
 # ------------------------------------------------------------------ the head
 
 
+def checked_ids(vocab_ids_N, vocab_size: int, who: str) -> np.ndarray | None:
+  """A drafter's draft vocabulary as int32 ids (None: the full vocabulary), or a
+  ValueError naming `who` when they are not ids of the target's vocabulary."""
+  if vocab_ids_N is None:
+    return None
+  ids = np.asarray(vocab_ids_N, np.int32)
+  if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= vocab_size:
+    raise ValueError(f'{who} vocabulary must be ids in [0, {vocab_size}), got shape {ids.shape}')
+  return ids
+
+
+def ranked(logits_BxN: Array, r: int, ids_N: Array | None) -> tuple[Array, Array]:
+  """The r most likely tokens (full-vocabulary ids, int32) and their probabilities,
+  best first: a tree node that is its parent's k-th child takes column k."""
+  top_logits_BxR, top_BxR = jax.lax.top_k(logits_BxN, r)
+  prob_BxR = jnp.exp(top_logits_BxR - jax.nn.logsumexp(logits_BxN, axis=-1)[:, None])
+  token_BxR = top_BxR if ids_N is None else ids_N[top_BxR]
+  return token_BxR.astype(jnp.int32), prob_BxR
+
+
 def reduced_head(embedding_VxD: Array, ids_N) -> Array:
   """The rows of the tied table the draft head scores (gathered once, outside the loop)."""
   return jnp.take(embedding_VxD, jnp.asarray(ids_N, jnp.int32), axis=0)

@@ -89,12 +89,7 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
     raise ValueError(f'eagle reads target layers {bad}, but the target has {cfg.num_layers}')
   if target_params is None:
     raise ValueError('the eagle drafter needs the target params to gather its head from')
-  ids = None
-  if vocab_ids_N is not None:
-    ids = np.asarray(vocab_ids_N, np.int32)
-    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= cfg.vocab_size:
-      raise ValueError(f'eagle draft vocabulary must be ids in [0, {cfg.vocab_size}), '
-                       f'got shape {ids.shape}')
+  ids = draft_vocab.checked_ids(vocab_ids_N, cfg.vocab_size, 'eagle draft')
   params = {'net': jax.tree.map(jnp.asarray, dict(net)),
             'ids_N': None if ids is None else jnp.asarray(ids),
             'head_NxD': None if ids is None
@@ -171,10 +166,7 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
         r = 1 + max(int(tree.child_rank_N[i]) for i in tree.children[t])
         logits_BxN = eagle_net.logits(params['net'], head_NxD, out_T[t][:, None], cfg,
                                       geo.eps)[:, 0]
-        top_logits_BxR, top_BxR = jax.lax.top_k(logits_BxN, r)
-        prob_BxR = jnp.exp(top_logits_BxR - jax.nn.logsumexp(logits_BxN, axis=-1)[:, None])
-        token_BxR = top_BxR if ids_N is None else ids_N[top_BxR]
-        ranked[t] = (token_BxR.astype(jnp.int32), prob_BxR)
+        ranked[t] = draft_vocab.ranked(logits_BxN, r, ids_N)
       return ranked[t]
 
     tokens, valid = [None] * num_nodes, [None] * num_nodes

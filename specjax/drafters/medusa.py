@@ -105,12 +105,7 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
   if width != cfg.embed_dim:
     raise ValueError(f'medusa heads are {width} wide but the target is {cfg.embed_dim}: '
                      'they were trained for another target')
-  ids = None
-  if vocab_ids_N is not None:
-    ids = np.asarray(vocab_ids_N, np.int32)
-    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= cfg.vocab_size:
-      raise ValueError(f'medusa draft vocabulary must be ids in [0, {cfg.vocab_size}), '
-                       f'got shape {ids.shape}')
+  ids = draft_vocab.checked_ids(vocab_ids_N, cfg.vocab_size, 'medusa draft')
   params = {'heads': jax.tree.map(jnp.asarray, heads),
             'vocab_ids_N': None if ids is None else jnp.asarray(ids),
             'head_NxD': None if ids is None or target_params is None

@@ -21,6 +21,24 @@ import numpy as np
 Array = jax.Array
 
 
+def fill_ranked_level(tree, depth: int, children_of, min_confidence: float, tokens: list,
+                      valid: list) -> list[int]:
+  """Fills the nodes at `depth` in place from ranked children (a drafter that drafts
+  a tree one depth at a time: EAGLE, a draft model). `children_of(t)` is
+  (token_BxR, prob_BxR), the R most likely tokens after tree index t, best first;
+  node i, its parent's r-th child, takes column r, and is valid when that token is
+  at least `min_confidence` likely and its parent is valid. Returns the nodes at
+  `depth` that have children, the ones to run the drafter over next."""
+  level = [i for i in range(tree.num_nodes) if tree.depth_N[i] == depth]
+  for i in level:
+    parent, rank = tree.parents[i], int(tree.child_rank_N[i])
+    token_BxR, prob_BxR = children_of(parent + 1)
+    tokens[i] = token_BxR[:, rank]
+    ok_B = prob_BxR[:, rank] >= min_confidence
+    valid[i] = ok_B if parent < 0 else ok_B & valid[parent]
+  return [i for i in level if tree.children[i + 1]]
+
+
 def fill(tree, candidates_BxMxD: Array, valid_BxM: Array) -> tuple[Array, Array]:
   """(tokens_BxN, valid_BxN) for `tree` (a decoding.tree.Tree); D >= its depth."""
   num_cands = candidates_BxMxD.shape[1]

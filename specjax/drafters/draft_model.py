@@ -44,6 +44,7 @@ import numpy as np
 
 from specjax import sampling as sampling_lib
 from specjax.drafters import base
+from specjax.drafters import candidate_tree
 from specjax.drafters import confidence
 from specjax.drafters import draft_vocab
 from specjax.models.language_model import LanguageModel
@@ -168,14 +169,8 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
     tokens = [jnp.zeros((batch,), jnp.int32)] * num_nodes
     valid = [None] * num_nodes
     for depth in range(1, tree.max_depth + 1):
-      level = [i for i in range(num_nodes) if tree.depth_N[i] == depth]
-      for i in level:
-        parent, rank = tree.parents[i], int(tree.child_rank_N[i])
-        token_BxR, prob_BxR = children_of(parent + 1)
-        tokens[i] = token_BxR[:, rank]
-        ok_B = prob_BxR[:, rank] >= settings.min_confidence
-        valid[i] = ok_B if parent < 0 else ok_B & valid[parent]
-      expand = [i for i in level if tree.children[i + 1]]
+      expand = candidate_tree.fill_ranked_level(tree, depth, children_of,
+                                                settings.min_confidence, tokens, valid)
       if not expand:
         continue
       # The root and the nodes up to the last to expand (ancestors come first); a node

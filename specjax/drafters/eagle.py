@@ -43,6 +43,7 @@ import numpy as np
 
 from specjax import sampling as sampling_lib
 from specjax.drafters import base
+from specjax.drafters import candidate_tree
 from specjax.drafters import confidence
 from specjax.drafters import draft_vocab
 from specjax.drafters import eagle_net
@@ -171,15 +172,8 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
 
     tokens, valid = [None] * num_nodes, [None] * num_nodes
     for depth in range(1, tree.max_depth + 1):
-      level = [i for i in range(num_nodes) if tree.depth_N[i] == depth]
-      for i in level:
-        parent = tree.parents[i]
-        token_BxR, prob_BxR = children_of(parent + 1)
-        rank = int(tree.child_rank_N[i])
-        tokens[i] = token_BxR[:, rank]
-        ok_B = prob_BxR[:, rank] >= settings.min_confidence
-        valid[i] = ok_B if parent < 0 else ok_B & valid[parent]
-      expand = [i for i in level if tree.children[i + 1]]
+      expand = candidate_tree.fill_ranked_level(tree, depth, children_of,
+                                                settings.min_confidence, tokens, valid)
       if not expand:
         continue
       hidden_BxWxD = jnp.stack([out_T[tree.parents[i] + 1] for i in expand], axis=1)

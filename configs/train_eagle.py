@@ -7,10 +7,11 @@ One decoder layer over the target's residual stream at layers 2, 9 and 15
 (EAGLE-3's low, middle and high), fused, and the next token's embedding;
 scored through the target's tied head on the shipped 16k draft vocabulary,
 with EAGLE-3's training-time test over `eagle.steps` drafts
-(specjax/training/eagle_objective.py). The data is the self-distilled set
-configs/train_medusa.py makes (the same recipe and directory, so whichever
-runs first writes it): the target's own text from BOS, no Spec-Bench prompt.
-Rerun the command to resume a killed run.
+(specjax/training/eagle_objective.py). The data is self-distilled: the
+target's own text, half of it from BOS alone and half continuing the
+hand-written calibration prompts, each row with 8 tokens sampled from the
+nucleus (top-p 0.9) before the continuation, so no two rows are alike, 262k tokens; only tokens the target wrote are scored. No
+Spec-Bench prompt. Rerun the command to resume a killed run.
 """
 
 import ml_collections
@@ -21,7 +22,8 @@ VARIANTS = {
                  checkpoint_every=4, eval_every=6, log_every=2,
                  eagle=dict(steps=3, mlp_width=32, hidden_layers=()),
                  data=dict(num_shards=3, sequences_per_shard=8, seq_len=24, start_tokens=4,
-                           sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=(1,)),
+                           sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=(1,),
+                           prompts='', prompted_fraction=0.0, start_top_p=1.0),
                  data_dir='', output_dir='results/train_eagle-tiny'),
 }
 
@@ -35,12 +37,15 @@ def get_config(arg=None):
   c.eagle = dict(steps=4, mlp_width=1024, hidden_layers=())
   c.draft_vocab = 'embedded'          # the ranked file shipped for the embedded 270M
   c.draft_vocab_size = 16384          # its first N (most frequent) tokens
-  c.data = dict(num_shards=34, sequences_per_shard=32, seq_len=128, start_tokens=8,
-                sampled_fraction=0.25, seed=0, bos_id=2, eos_ids=(1, 106))
-  c.data_dir = 'results/distill-gemma3-270m'   # shared with configs/train_medusa.py
+  # Half the rows start from a calibration prompt (specjax/prompts/calibration.jsonl: code,
+  # news, dialogue, questions, maths, translation; none from Spec-Bench), half from BOS.
+  c.data = dict(num_shards=64, sequences_per_shard=32, seq_len=128, start_tokens=8,
+                sampled_fraction=0.25, seed=0, bos_id=2, eos_ids=(1, 106),
+                prompts='calibration', prompted_fraction=0.5, start_top_p=0.9)
+  c.data_dir = 'results/distill-gemma3-270m-prompted'
   c.heldout_shards = 2
   c.batch_size = 8
-  c.steps = 800
+  c.steps = 1000
   c.learning_rate = 1e-3              # AdamW, linear warm-up then cosine decay
   c.warmup_steps = 50
   c.final_learning_rate = 1e-4

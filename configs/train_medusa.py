@@ -17,7 +17,8 @@ VARIANTS = {
     'tiny': dict(target='tiny-random', draft_vocab='', batch_size=4, steps=12, warmup_steps=2,
                  checkpoint_every=4, eval_every=6, log_every=2,
                  data=dict(num_shards=3, sequences_per_shard=8, seq_len=24, start_tokens=4,
-                           sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=(1,)),
+                           sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=(1,),
+                           prompts='', prompted_fraction=0.0),
                  data_dir='', output_dir='results/train_medusa-tiny'),
 }
 
@@ -33,7 +34,8 @@ def get_config(arg=None):
   c.draft_vocab_size = 16384          # its first N (most frequent) tokens
   # Self-distillation data: num_shards x sequences_per_shard sequences of seq_len tokens.
   c.data = dict(num_shards=34, sequences_per_shard=32, seq_len=128, start_tokens=8,
-                sampled_fraction=0.25, seed=0, bos_id=2, eos_ids=(1, 106))
+                sampled_fraction=0.25, seed=0, bos_id=2, eos_ids=(1, 106),
+                prompts='', prompted_fraction=0.0)   # '' = BOS only (see train_eagle.py)
   c.data_dir = 'results/distill-gemma3-270m'   # shared with configs/train_eagle.py
   c.heldout_shards = 2
   c.batch_size = 8

@@ -62,7 +62,7 @@ def recipe(**overrides) -> distill_data.Recipe:
 @pytest.mark.parametrize('drafter,loss', [('medusa', ''), ('eagle', ''), ('distilled', 'tv'),
                                           ('distilled', 'kl')])
 def test_training_steps_lower_the_loss_on_a_fixed_batch(drafter, loss):
-  tokens, lengths = distill_data.make_shard(TARGET, TARGET_PARAMS, recipe(), 0)
+  tokens, lengths, _ = distill_data.make_shard(TARGET, TARGET_PARAMS, recipe(), 0)
   cfg = config(pathlib.Path('/unused'), drafter=drafter, steps=40, warmup_steps=1,
                eagle=dict(steps=3, mlp_width=32),
                distilled=dict(layers=1, loss=loss) if loss else {})
@@ -76,7 +76,7 @@ def test_training_steps_lower_the_loss_on_a_fixed_batch(drafter, loss):
   for _ in range(30):
     params, opt_state, loss, _ = trainer._train_step(  # pylint: disable=protected-access
         params, opt_state, frozen, jnp.asarray(features), jnp.asarray(tokens),
-        jnp.asarray(lengths), objective=goal, tx=tx)
+        jnp.asarray(lengths), None, objective=goal, tx=tx)
     losses.append(float(loss))
   assert losses[-1] < 0.7 * losses[0], losses
 
@@ -90,6 +90,13 @@ def test_labels_are_the_tokens_two_and_more_ahead_inside_the_sequence_and_vocabu
   # Position 2: head 0 -> token 9 (inside), head 1 -> position 5, past the length 5.
   assert valid[0, 2].tolist() == [True, False]
   assert valid[0, 3].tolist() == [False, False]
+  # A row whose tokens 0..2 are a prompt's: tokens 2 and before are no label.
+  _, valid = objective.labels(tokens, jnp.asarray([6]), index_V, num_heads=2,
+                              starts_B=jnp.asarray([3]))
+  assert valid[0, :, 0].tolist() == [False, True, True, False, False, False]  # 0: not drafted
+  correct = jnp.ones((1, 6, 2), bool)
+  assert objective.accepted_run(correct, jnp.asarray([6]))[1] == 3   # positions 0, 1, 2
+  assert objective.accepted_run(correct, jnp.asarray([6]), jnp.asarray([3]))[1] == 2
 
 
 # ----------------------------------------------------------- resume, exactly
@@ -145,20 +152,63 @@ def test_killed_data_generation_resumes_without_gaps_or_duplicates(tmp_path):
   r = recipe()
   directory = str(tmp_path / 'data')
   assert distill_data.generate(TARGET, TARGET_PARAMS, r, directory) == [0, 1, 2]
-  whole_tokens, whole_lengths = distill_data.load(directory)
+  whole_tokens, whole_lengths, _ = distill_data.load(directory)
   # Killed while writing shard 1: its provenance never landed, a temporary file did.
   _, meta = distill_data.shard_paths(directory, 1)
   os.remove(meta)
   with open(os.path.join(directory, 'shard_00002.npz.tmp-999'), 'wb') as f:
     f.write(b'partial')
   assert distill_data.generate(TARGET, TARGET_PARAMS, r, directory) == [1]
-  tokens, lengths = distill_data.load(directory)
+  tokens, lengths, _ = distill_data.load(directory)
   np.testing.assert_array_equal(tokens, whole_tokens)
   np.testing.assert_array_equal(lengths, whole_lengths)
   assert len(tokens) == 3 * 4
   assert [r.is_sampled(s) for s in range(3)].count(True) in (1, 2)   # greedy and sampled
   with pytest.raises(ValueError, match='another recipe.*seed'):
     distill_data.generate(TARGET, TARGET_PARAMS, recipe(seed=2), directory)
+
+
+def test_prompted_rows_start_from_the_prompts_and_mark_where_the_target_began(tmp_path):
+  prompts = [[40, 41, 42], [50, 51], [60, 61, 62, 63]]
+  r = recipe(prompts='calibration', prompts_sha256='sha-p', prompted_fraction=0.5,
+             sequences_per_shard=8, seq_len=20)
+  directory = str(tmp_path / 'data')
+  assert distill_data.generate(TARGET, TARGET_PARAMS, r, directory, prompts) == [0, 1, 2]
+  data = distill_data.load(directory)
+  used = []
+  for row, (tokens, start) in enumerate(zip(data.tokens_NxL.tolist(), data.starts_N.tolist())):
+    which = r.prompt_of(row, len(prompts))
+    head = [2] + ([] if which is None else prompts[which])
+    assert tokens[:len(head)] == head and start == len(head), (row, tokens, start)
+    used.append(which)
+  assert used.count(None) == 12 and {0, 1, 2} <= set(used)   # half the rows, every prompt
+  # The shards' provenance counts them; the recipe names the prompt set and its hash.
+  meta = json.load(open(distill_data.shard_paths(directory, 0)[1]))
+  assert meta['prompted_rows'] == 4 and meta['recipe']['prompts_sha256'] == 'sha-p'
+  with pytest.raises(ValueError, match='no prompt was given'):
+    distill_data.generate(TARGET, TARGET_PARAMS, r, str(tmp_path / 'other'))
+  with pytest.raises(ValueError, match='prompt of 4 tokens.*no room'):
+    distill_data.make_shard(TARGET, TARGET_PARAMS, recipe(
+        prompts='calibration', prompted_fraction=1.0, seq_len=8, start_tokens=3), 0, prompts)
+
+
+def test_data_made_before_prompts_existed_still_loads_and_matches_its_recipe(tmp_path):
+  r = recipe(num_shards=2)
+  directory = str(tmp_path / 'data')
+  distill_data.generate(TARGET, TARGET_PARAMS, r, directory)
+  path = os.path.join(directory, 'recipe.json')
+  old = {k: v for k, v in json.load(open(path)).items() if k not in distill_data.NEW_FIELDS}
+  json.dump(old, open(path, 'w'))
+  for shard in range(2):   # shards as they were written: no starts_N
+    data_path = distill_data.shard_paths(directory, shard)[0]
+    with np.load(data_path) as f:
+      arrays = {k: f[k] for k in ('tokens_NxL', 'lengths_N')}
+    np.savez(open(data_path, 'wb'), **arrays)
+  assert distill_data.generate(TARGET, TARGET_PARAMS, r, directory) == []
+  assert distill_data.load(directory).starts_N.tolist() == [1] * 8
+  with pytest.raises(ValueError, match='another recipe.*prompted_fraction'):
+    distill_data.generate(TARGET, TARGET_PARAMS, recipe(
+        num_shards=2, prompts='calibration', prompted_fraction=0.5), directory, [[5]])
 
 
 def test_a_corrupt_or_missing_shard_is_named(tmp_path):
@@ -191,12 +241,12 @@ def test_trained_heads_beat_untrained_ones_on_held_out_text(tmp_path, monkeypatc
                data=dict(num_shards=5, sequences_per_shard=8, seq_len=32, start_tokens=3,
                          sampled_fraction=0.0, seed=3, bos_id=2, eos_ids=()))
   trained = trainer.train(cfg)
-  tokens, lengths = distill_data.load(os.path.join(cfg.output_dir, 'data'), [4])
-  assert len({tuple(row[:8]) for row in tokens.tolist()}) > 2   # varied held-out text
+  held = distill_data.load(os.path.join(cfg.output_dir, 'data'), [4])
+  assert len({tuple(row[:8]) for row in held.tokens_NxL.tolist()}) > 2   # varied held-out text
   goal = trainer.make_objective(cfg, toy.config)
-  features = trainer.target_features(toy, params, tokens, goal.hidden_layers, 4)
+  features = trainer.target_features(toy, params, held.tokens_NxL, goal.hidden_layers, 4)
   untrained = trainer.evaluate(goal, medusa.init_heads(3, width), goal.frozen(params, None),
-                               features, tokens, lengths, 4)
+                               features, held, 4)
   assert trained['heldout_mean_accepted_tokens'] > untrained['heldout_mean_accepted_tokens'] + 0.5
   assert trained['heldout_loss'] < untrained['heldout_loss']
 
@@ -210,11 +260,12 @@ def test_a_distilled_student_beats_the_target_cut_short_it_started_from(tmp_path
                data=dict(num_shards=5, sequences_per_shard=8, seq_len=32, start_tokens=3,
                          sampled_fraction=0.0, seed=3, bos_id=2, eos_ids=()))
   trained = trainer.train(cfg)
-  tokens, lengths = distill_data.load(os.path.join(cfg.output_dir, 'data'), [4])
+  held = distill_data.load(os.path.join(cfg.output_dir, 'data'), [4])
   goal = trainer.make_objective(cfg, TARGET.config)
-  features = trainer.target_features(TARGET, TARGET_PARAMS, tokens, goal.hidden_layers, 4)
+  features = trainer.target_features(TARGET, TARGET_PARAMS, held.tokens_NxL, goal.hidden_layers,
+                                     4)
   untrained = trainer.evaluate(goal, goal.init(None, TARGET_PARAMS),
-                               goal.frozen(TARGET_PARAMS, None), features, tokens, lengths, 4)
+                               goal.frozen(TARGET_PARAMS, None), features, held, 4)
   assert trained['heldout_mean_accepted_tokens'] > untrained['heldout_mean_accepted_tokens'] + 0.3
   assert trained['heldout_loss'] < 0.8 * untrained['heldout_loss']
   with pytest.raises(ValueError, match=r'config.distilled.layers: .*1 .. 3 layers.*got 4'):
@@ -275,10 +326,26 @@ def test_a_drafter_checkpoint_for_another_target_or_damaged_is_refused(tmp_path)
     ('distilled', {'layer': 1}, 'config.distilled has unknown key'),
     ('distilled', {'loss': 'mse'}, "config.distilled.loss must be one of kl, tv, got 'mse'"),
     ('distilled', {'layers': 1.5}, 'config.distilled.layers must be int'),
+    ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24, 'shards': 2},
+     "config.data: .*unexpected keyword argument 'shards'"),
+    ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24, 'prompts': 'wiki'},
+     "config.data.prompts is 'wiki'; known: '' \\(BOS only\\), calibration"),
+    ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24,
+              'prompted_fraction': 0.5}, 'data.prompts must name a prompt set'),
+    ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24,
+              'prompted_fraction': 1.5}, 'prompted_fraction must be in'),
 ])
 def test_bad_training_config_values_are_named(tmp_path, key, value, message):
   with pytest.raises(ValueError, match=message):
     config(tmp_path, **{key: value})
+
+
+def test_prompted_data_needs_a_target_with_a_tokenizer(tmp_path):
+  cfg = config(tmp_path, target='tiny-random',
+               data=dict(num_shards=3, sequences_per_shard=8, seq_len=24, start_tokens=3,
+                         prompts='calibration', prompted_fraction=0.5))
+  with pytest.raises(ValueError, match='data.prompts needs a target with a tokenizer'):
+    trainer.train(cfg)
 
 
 # ---------------------------------------------------- trained heads, end to end

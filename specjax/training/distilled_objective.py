@@ -98,8 +98,8 @@ class Objective:
                                    self.target)
     return flat.reshape(batch, length, -1)
 
-  def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array
-           ) -> tuple[Array, dict[str, Array]]:
+  def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array,
+           starts_B: Array | None = None) -> tuple[Array, dict[str, Array]]:
     batch, length = tokens_BxL.shape
     student = self.student
     positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
@@ -117,7 +117,7 @@ class Objective:
 
     # Draft k after chain t's pending token: the argmax at t + 1 + k, scored on x_{t+k+2}.
     rows_BxLxK, valid_BxLxK = medusa_objective.labels(tokens_BxL, lengths_B, frozen['index_V'],
-                                                      self.steps)
+                                                      self.steps, starts_B)
     guess_BxL = jnp.argmax(logq_BxLxN, axis=-1)
     at_LxK = jnp.clip(jnp.arange(length)[:, None] + 1 + jnp.arange(self.steps)[None, :], 0,
                       length - 1)

@@ -53,8 +53,8 @@ class Objective:
   def frozen(self, target_params, vocab_ids_N: Array | None) -> dict[str, Array]:
     return medusa_objective.frozen_table(target_params, vocab_ids_N, self.target.vocab_size)
 
-  def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array
-           ) -> tuple[Array, dict[str, Array]]:
+  def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array,
+           starts_B: Array | None = None) -> tuple[Array, dict[str, Array]]:
     geo = eagle_net.Geometry.of(params, self.target.rms_norm_eps)
     batch, length = tokens_BxL.shape
     num_fused = len(self.hidden_layers)
@@ -66,7 +66,7 @@ class Objective:
     outs = eagle_net.unrolled(params, geo, first_BxLxD, embedded_BxLxD, self.steps)
     # Step k (0-based) at chain t is scored on x_{t+k+2}: Medusa's labels for head k.
     rows_BxLxK, valid_BxLxK = medusa_objective.labels(tokens_BxL, lengths_B, frozen['index_V'],
-                                                      self.steps)
+                                                      self.steps, starts_B)
     nll, correct = [], []
     for k, out_BxLxD in enumerate(outs):
       logits_BxLxN = eagle_net.logits(params, frozen['head_NxD'], out_BxLxD, self.target,

@@ -56,9 +56,10 @@ def frozen_table(target_params, vocab_ids_N: Array | None, vocab_size: int) -> d
           'index_V': draft_index(vocab_ids_N, vocab_size)}
 
 
-def labels(tokens_BxL: Array, lengths_B: Array, index_V: Array, num_heads: int
-           ) -> tuple[Array, Array]:
-  """Each head's target row at each position, and whether it counts: [B, L, K] each."""
+def labels(tokens_BxL: Array, lengths_B: Array, index_V: Array, num_heads: int,
+           starts_B: Array | None = None) -> tuple[Array, Array]:
+  """Each head's target row at each position, and whether it counts: [B, L, K] each.
+  A token before `starts_B` (a prompt's, not the target's) is not a label."""
   batch, length = tokens_BxL.shape
   t_L = jnp.arange(length)
   ahead_K = jnp.arange(num_heads) + 2
@@ -66,6 +67,8 @@ def labels(tokens_BxL: Array, lengths_B: Array, index_V: Array, num_heads: int
   token_BxLxK = tokens_BxL[:, jnp.clip(where_LxK, 0, length - 1)]
   row_BxLxK = index_V[token_BxLxK]
   valid_BxLxK = (where_LxK[None] < lengths_B[:, None, None]) & (row_BxLxK >= 0)
+  if starts_B is not None:
+    valid_BxLxK &= where_LxK[None] >= starts_B[:, None, None]
   return jnp.maximum(row_BxLxK, 0), valid_BxLxK
 
 
@@ -91,13 +94,17 @@ def loss(heads, head_NxD: Array, hidden_BxLxD: Array, rows_BxLxK: Array, valid_B
   return jnp.sum(weights_K * nll_K) / jnp.sum(weights_K), metrics
 
 
-def accepted_run(correct_BxLxK: Array, lengths_B: Array) -> tuple[Array, Array]:
+def accepted_run(correct_BxLxK: Array, lengths_B: Array, starts_B: Array | None = None
+                 ) -> tuple[Array, Array]:
   """(sum of runs of correct heads from head 0, positions counted), over positions
-  where every head's token is inside the sequence (a token outside the draft
-  vocabulary counts as a miss, as it would in decoding)."""
+  where every head's token is inside the sequence and the target wrote the first
+  one (a token outside the draft vocabulary counts as a miss, as it would in
+  decoding)."""
   _, length, num_heads = correct_BxLxK.shape
   run_BxL = jnp.sum(jnp.cumprod(correct_BxLxK.astype(jnp.int32), axis=-1), axis=-1)
   full_BxL = (jnp.arange(length)[None, :] + num_heads + 1) < lengths_B[:, None]
+  if starts_B is not None:
+    full_BxL &= jnp.arange(length)[None, :] + 2 >= starts_B[:, None]
   return jnp.sum(jnp.where(full_BxL, run_BxL, 0)), jnp.sum(full_BxL)
 
 
@@ -118,8 +125,8 @@ class Objective:
     return {'head_NxD': medusa.head_matrix(target_params, vocab_ids_N),
             'index_V': draft_index(vocab_ids_N, self.target.vocab_size)}
 
-  def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array
-           ) -> tuple[Array, dict[str, Array]]:
-    rows, valid = labels(tokens_BxL, lengths_B, frozen['index_V'], self.num_heads)
+  def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array,
+           starts_B: Array | None = None) -> tuple[Array, dict[str, Array]]:
+    rows, valid = labels(tokens_BxL, lengths_B, frozen['index_V'], self.num_heads, starts_B)
     return loss(params, frozen['head_NxD'], features_BxLxF, rows, valid,
                 self.target.final_logit_softcap)

@@ -129,6 +129,13 @@ class TrainConfig:
                 'keep', 'eval_every', 'log_every', 'heldout_shards'):
       if getattr(self, key) < 1:
         raise ValueError(f'config.{key} must be >= 1, got {getattr(self, key)}')
+    try:  # the data recipe's keys and values, before anything loads
+      distill_data.Recipe(target=self.target, target_sha256='', **self.data)
+    except TypeError as e:
+      raise ValueError(f'config.data: {e}') from None
+    if self.data.get('prompts', '') not in ('', *distill_data.PROMPT_SETS):
+      raise ValueError(f"config.data.prompts is {self.data['prompts']!r}; known: '' (BOS "
+                       f"only), {', '.join(distill_data.PROMPT_SETS)}")
     if self.heldout_shards >= self.data.get('num_shards', 0):
       raise ValueError(f'config.heldout_shards ({self.heldout_shards}) must leave training '
                        f'shards out of config.data.num_shards ({self.data.get("num_shards")})')
@@ -248,11 +255,29 @@ def _draft_vocab(cfg: TrainConfig, vocab: int) -> np.ndarray | None:
   return np.asarray(chosen.ids_N, np.int32)
 
 
+def _data_prompts(cfg: TrainConfig) -> tuple[list[list[int]], str]:
+  """The token ids (without BOS) of the data's prompt set, and its file's sha256."""
+  name = cfg.data.get('prompts', '')
+  if not name:
+    return [], ''
+  if cfg.target == TINY_RANDOM:
+    raise ValueError('config.data.prompts needs a target with a tokenizer; '
+                     f'{TINY_RANDOM} has none')
+  from specjax.experiments import loading  # pylint: disable=g-import-not-at-top
+  from specjax.experiments import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
+  from specjax.checkpoints import embedded  # pylint: disable=g-import-not-at-top
+  source = (str(embedded.default_gguf_path()) if cfg.target.startswith('embedded:')
+            else cfg.target)
+  tokenizer = loading.load_tokenizer(source)
+  prompts, sha = prompts_lib.calibration_prompts()
+  return [tokenizer.encode(p.text, add_bos=False) for p in prompts], sha
+
+
 @functools.partial(jax.jit, static_argnames=('objective', 'tx'), donate_argnums=(0, 1))
-def _train_step(params, opt_state, frozen, features_BxLxF, tokens_BxL, lengths_B, *, objective,
-                tx):
+def _train_step(params, opt_state, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B, *,
+                objective, tx):
   def loss_fn(p):
-    return objective.loss(p, frozen, features_BxLxF, tokens_BxL, lengths_B)
+    return objective.loss(p, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B)
 
   (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
   updates, opt_state = tx.update(grads, opt_state, params)
@@ -261,20 +286,20 @@ def _train_step(params, opt_state, frozen, features_BxLxF, tokens_BxL, lengths_B
 
 
 @functools.partial(jax.jit, static_argnames=('objective',))
-def _eval_step(params, frozen, features_BxLxF, tokens_BxL, lengths_B, *, objective):
-  loss, metrics = objective.loss(params, frozen, features_BxLxF, tokens_BxL, lengths_B)
-  run, counted = medusa_objective.accepted_run(metrics['correct_BxLxK'], lengths_B)
+def _eval_step(params, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B, *, objective):
+  loss, metrics = objective.loss(params, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B)
+  run, counted = medusa_objective.accepted_run(metrics['correct_BxLxK'], lengths_B, starts_B)
   return loss, run, counted
 
 
-def evaluate(objective, params, frozen, features, tokens, lengths, batch: int
+def evaluate(objective, params, frozen, features, data: distill_data.Sequences, batch: int
              ) -> dict[str, float]:
   """Held-out loss and mean accepted tokens per call of a greedy chain (1 + mean run)."""
   losses, runs, counted = [], 0, 0
-  for start in range(0, len(tokens) - batch + 1, batch):
+  for start in range(0, len(data.tokens_NxL) - batch + 1, batch):
     part = slice(start, start + batch)
-    loss, run, n = _eval_step(params, frozen, features[part], tokens[part], lengths[part],
-                              objective=objective)
+    loss, run, n = _eval_step(params, frozen, features[part], data.tokens_NxL[part],
+                              data.lengths_N[part], data.starts_N[part], objective=objective)
     losses.append(float(loss))
     runs, counted = runs + int(run), counted + int(n)
   return {'heldout_loss': float(np.mean(losses)) if losses else float('nan'),
@@ -323,13 +348,16 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   os.makedirs(cfg.output_dir, exist_ok=True)
   target, target_params, target_sha = load_target(cfg.target)
   vocab = target.config.vocab_size
-  recipe = distill_data.Recipe(target=cfg.target, target_sha256=target_sha, **cfg.data)
+  prompt_ids, prompts_sha = _data_prompts(cfg)
+  recipe = distill_data.Recipe(target=cfg.target, target_sha256=target_sha,
+                               **{**cfg.data, 'prompts_sha256': prompts_sha})
   data_dir = cfg.data_dir or os.path.join(cfg.output_dir, 'data')
-  distill_data.generate(target, target_params, recipe, data_dir)
+  distill_data.generate(target, target_params, recipe, data_dir, prompt_ids)
   train_shards = range(recipe.num_shards - cfg.heldout_shards)
-  tokens, lengths = distill_data.load(data_dir, train_shards)
-  held_tokens, held_lengths = distill_data.load(
+  data = distill_data.load(data_dir, train_shards)
+  held = distill_data.load(
       data_dir, range(recipe.num_shards - cfg.heldout_shards, recipe.num_shards))
+  tokens = data.tokens_NxL
 
   vocab_ids = _draft_vocab(cfg, vocab)
   ids = None if vocab_ids is None else jnp.asarray(vocab_ids)
@@ -340,7 +368,7 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   opt_state = tx.init(params)
   features = target_features(target, target_params, tokens, objective.hidden_layers,
                              cfg.batch_size, ' (training)')
-  held_features = target_features(target, target_params, held_tokens, objective.hidden_layers,
+  held_features = target_features(target, target_params, held.tokens_NxL, objective.hidden_layers,
                                   cfg.batch_size, ' (held out)')
 
   manager = ocp.CheckpointManager(
@@ -363,7 +391,8 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
     while step < cfg.steps:
       idx = batch_indices(cfg.seed, step, cfg.batch_size, len(tokens))
       params, opt_state, loss, accuracy_K = _train_step(
-          params, opt_state, frozen, features[idx], tokens[idx], lengths[idx],
+          params, opt_state, frozen, features[idx], tokens[idx], data.lengths_N[idx],
+          data.starts_N[idx],
           objective=objective, tx=tx)
       step += 1
       record = None
@@ -377,8 +406,7 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
         logging.info('step %d/%d  loss %.4f  head accuracy %s  %.0f tokens/s  ~%.0f s left',
                      step, cfg.steps, record['loss'], record['accuracy_K'], rate, left)
       if step % cfg.eval_every == 0 or step == cfg.steps:
-        figures = evaluate(objective, params, frozen, held_features, held_tokens,
-                           held_lengths, cfg.batch_size)
+        figures = evaluate(objective, params, frozen, held_features, held, cfg.batch_size)
         record = {**(record or {'step': step}), **figures}
         logging.info('step %d  held out: loss %.4f, mean accepted tokens %.3f', step,
                      figures['heldout_loss'], figures['heldout_mean_accepted_tokens'])
@@ -395,7 +423,7 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   # The held-out figures are those of the weights as exported (rounded to export_dtype).
   exported = jax.tree.map(lambda x: x.astype(cfg.export_dtype), params)
   final = evaluate(objective, jax.tree.map(lambda x: x.astype(jnp.float32), exported), frozen,
-                   held_features, held_tokens, held_lengths, cfg.batch_size)
+                   held_features, held, cfg.batch_size)
   drafter_io.save_drafter(
       os.path.join(cfg.output_dir, 'drafter'), objective.kind, exported,
       target=drafter_io.target_signature(target.config, target_sha), vocab_ids_N=vocab_ids,

@@ -104,8 +104,9 @@ def get_config(arg=None):
   # `python -m specjax.train --config=configs/train_medusa.py` wrote.
   c.medusa = dict(checkpoint='', min_confidence=0.0)
   # EAGLE-3-style feature drafter: 'embedded' = the one shipped for the embedded 270M, else a
-  # directory `python -m specjax.train --config=configs/train_eagle.py` wrote.
-  c.eagle = dict(checkpoint='embedded', min_confidence=0.0)
+  # directory `python -m specjax.train --config=configs/train_eagle.py` wrote. window: how far
+  # back it attends, -1 = the length it was trained on, 0 = no limit.
+  c.eagle = dict(checkpoint='embedded', min_confidence=0.0, window=-1)
   # N-gram lookup where the context has a match, `drafter` (eagle, medusa, draft_model,
   # layer_skip or early_exit, with its own entry above) where it has none.
   c.hybrid = dict(drafter='eagle', max_n=3, min_n=1, matches=4)

@@ -54,13 +54,15 @@ def target_layers(tokens_BxL):
 
 # ----------------------------------------------- training-time test == drafting
 
-def test_the_training_time_test_computes_what_drafting_does():
+@pytest.mark.parametrize('window', [None, 6])
+def test_the_training_time_test_computes_what_drafting_does(window):
   """unrolled(...)'s step j at chain t equals running the layer over positions 0..t with
   the target's features (one call, as init does), then j - 1 single-position steps on its
-  own outputs through the cache, as propose does."""
+  own outputs through the cache, as propose does; with a window shorter than the
+  context too."""
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(3, CFG.vocab_size, size=(2, 14)), jnp.int32)
-  geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps)
+  geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps, window)
   first = eagle_net.fuse(NET, target_layers(tokens))
   embedded = jnp.roll(eagle_net.embed(TARGET_PARAMS['embedding_VxD'], tokens), -1, axis=1)
   steps = 4
@@ -78,6 +80,11 @@ def test_the_training_time_test_computes_what_drafting_does():
       np.testing.assert_allclose(o, outs[j][:, t], rtol=1e-4, atol=1e-4, err_msg=f't={t} j={j}')
   # A step that ignored its own chain's earlier keys would differ: the check has teeth.
   assert not np.allclose(outs[2][:, 9], outs[1][:, 9], atol=1e-3)
+  # So would one that ignored the window: at chain 9 a window of 6 hides positions 0..3.
+  unlimited = eagle_net.unrolled(NET, dataclasses.replace(geo, window=None), first, embedded,
+                                 steps)
+  assert np.allclose(unlimited[1][:, 3], outs[1][:, 3], atol=1e-5)
+  assert (window is None) == np.allclose(unlimited[1][:, 9], outs[1][:, 9], atol=1e-3)
 
 
 REPLAY_LEN = 48
@@ -134,10 +141,12 @@ def test_every_draft_comes_from_the_target_features_of_the_committed_context(ada
 
 # ------------------------------------------------------------ greedy parity
 
-@pytest.mark.parametrize('vocab_ids', [None, SUBSET], ids=['full', 'reduced'])
+@pytest.mark.parametrize('vocab_ids,window', [(None, 0), (SUBSET, 0), (SUBSET, 16)],
+                         ids=['full', 'reduced', 'reduced-window'])
 @pytest.mark.parametrize('gamma', [1, 4])
-def test_greedy_eagle_equals_greedy_autoregressive(gamma, vocab_ids):
-  drafter = eagle.make(TARGET, NET, LAYERS, vocab_ids_N=vocab_ids, target_params=TARGET_PARAMS)
+def test_greedy_eagle_equals_greedy_autoregressive(gamma, vocab_ids, window):
+  drafter = eagle.make(TARGET, NET, LAYERS, eagle.Settings(window=window), vocab_ids_N=vocab_ids,
+                       target_params=TARGET_PARAMS)
   out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
                              max_new_tokens=MAX_NEW, eos_ids=(eos_id(),),
                              policy=draft_length.fixed(gamma))
@@ -209,15 +218,18 @@ def test_greedy_eagle_trees_equal_greedy_autoregressive(spec):
   assert sum(chain.accepted_tokens) > 0
 
 
-def test_every_tree_node_is_its_rank_after_its_path_drafted_as_a_chain():
+@pytest.mark.parametrize('window', [0, 16])
+def test_every_tree_node_is_its_rank_after_its_path_drafted_as_a_chain(window):
   """After a prefill, node i (its parent's r-th child) holds the r-th most likely
   token of the layer run along node i's path as a chain (`eagle_net.step` through a
   copy of the cache, as `propose` would draft those tokens): the tree's attention
-  sees each node's ancestors and not its siblings or cousins."""
+  sees each node's ancestors and not its siblings or cousins, and, with a window
+  shorter than the context, the same committed keys as a chain step."""
   tree = tree_lib.parse(BRANCHING)
-  drafter = eagle.make(TARGET, NET, LAYERS, target_params=TARGET_PARAMS)
+  drafter = eagle.make(TARGET, NET, LAYERS, eagle.Settings(window=window),
+                       target_params=TARGET_PARAMS)
   rng = np.random.default_rng(3)
-  prompt_len, slots = 9, 24
+  prompt_len, slots = 19, 34
   tokens_BxS = jnp.asarray(rng.integers(3, CFG.vocab_size, size=(2, slots)), jnp.int32)
   lengths_B = jnp.array([prompt_len + 1, prompt_len + 1], jnp.int32)   # the pending token
   positions = jnp.broadcast_to(jnp.arange(prompt_len), (2, prompt_len))
@@ -233,7 +245,7 @@ def test_every_tree_node_is_its_rank_after_its_path_drafted_as_a_chain():
                                   target_params=TARGET_PARAMS)
   tokens_BxN = np.asarray(proposal.tokens_BxN)
   assert np.asarray(proposal.valid_BxN).all()
-  geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps)
+  geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps, window or None)
   net = drafter.params['net']
   for path in tree.paths():
     o, cache = state['out_BxD'], state['cache']
@@ -280,3 +292,27 @@ def test_weights_for_another_target_or_bad_layers_are_errors():
   with pytest.raises(ValueError, match='draft vocabulary must be ids'):
     eagle.make(TARGET, NET, LAYERS, vocab_ids_N=np.array([CFG.vocab_size]),
                target_params=TARGET_PARAMS)
+  with pytest.raises(ValueError, match=r'window must be -1 \(the trained length\), 0 \(none\) or '
+                                       r'>= 16, got 8'):
+    eagle.Settings(window=8)
+  with pytest.raises(ValueError, match='trained on sequences of 12 tokens.*eagle.window'):
+    eagle.make(TARGET, NET, LAYERS, target_params=TARGET_PARAMS, trained_length=12)
+
+
+def test_the_window_defaults_to_the_length_the_checkpoint_was_trained_on(tmp_path):
+  from specjax import drafters  # pylint: disable=g-import-not-at-top
+  from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
+  signature = drafter_io.target_signature(CFG, '')
+  drafter_io.save_drafter(tmp_path, 'eagle', NET, target=signature,
+                          provenance={'hidden_layers': list(LAYERS),
+                                      'data_recipe': {'seq_len': 24}})
+  trained = drafter_io.load_drafter(tmp_path, 'eagle', target=signature)
+  geometry = {}
+  real = eagle_net.Geometry.of
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(eagle_net.Geometry, 'of', lambda *a: geometry.setdefault('geo', real(*a)))
+    drafters.make_drafter('eagle', target=TARGET, trained=trained, target_params=TARGET_PARAMS)
+    assert geometry.pop('geo').window == 24
+    drafters.make_drafter('eagle', target=TARGET, trained=trained, target_params=TARGET_PARAMS,
+                          settings=eagle.Settings(window=0))
+    assert geometry.pop('geo').window is None

@@ -107,7 +107,8 @@ def make_drafter(name: str, *, target: LanguageModel, settings: Any = None,
       return medusa_lib.make(target, weights, settings, vocab_ids_N=vocab_ids,
                              target_params=target_params)
     return eagle_lib.make(target, weights, tuple(manifest['hidden_layers']), settings,
-                          vocab_ids_N=vocab_ids, target_params=target_params)
+                          vocab_ids_N=vocab_ids, target_params=target_params,
+                          trained_length=manifest.get('data_recipe', {}).get('seq_len'))
   raise ValueError(f'unknown drafter {name!r}; known drafters: {", ".join(DRAFTER_NAMES)}')
 
 

@@ -51,19 +51,28 @@ from specjax.models.language_model import LanguageModel
 
 Array = jax.Array
 
+MIN_WINDOW = 16   # longer than any chain or tree drafts, so drafts always see each other
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """checkpoint: a trained drafter (a directory `specjax.train` wrote, or 'embedded' for
     the one shipped for the embedded 270M); '' is refused: an untrained EAGLE drafts noise.
-  min_confidence: drafts less likely than this under the drafter end the evidence."""
+  min_confidence: drafts less likely than this under the drafter end the evidence.
+  window: how far back the layer attends (`eagle_net`): -1 the length of the
+    sequences it was trained on (from its checkpoint), 0 no limit, or a number of
+    positions (at least MIN_WINDOW, so a chain or tree always sees its own drafts)."""
 
   checkpoint: str = 'embedded'
   min_confidence: float = 0.0
+  window: int = -1
 
   def __post_init__(self):
     if not 0.0 <= self.min_confidence < 1.0:
       raise ValueError(f'min_confidence must be in [0, 1), got {self.min_confidence}')
+    if self.window not in (-1, 0) and self.window < MIN_WINDOW:
+      raise ValueError(f'window must be -1 (the trained length), 0 (none) or >= {MIN_WINDOW}, '
+                       f'got {self.window}')
 
 
 def _at(x_BxTxD: Array, index_B: Array) -> Array:
@@ -80,8 +89,9 @@ def _next_tokens(tokens_BxS: Array, positions_BxT: Array) -> Array:
 
 def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, ...],
          settings: Settings = Settings(), vocab_ids_N: np.ndarray | None = None,
-         target_params=None) -> base.Drafter:
-  """The drafter for trained `net` weights reading the target's `hidden_layers`."""
+         target_params=None, trained_length: int | None = None) -> base.Drafter:
+  """The drafter for trained `net` weights reading the target's `hidden_layers`;
+  `trained_length` is the sequence length it was trained on (None: unknown)."""
   cfg = target.config
   hidden_layers = tuple(int(i) for i in hidden_layers)
   eagle_net.check_shapes(net, cfg, len(hidden_layers))
@@ -96,7 +106,11 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
             'head_NxD': None if ids is None
                         else draft_vocab.reduced_head(target_params['embedding_VxD'],
                                                       jnp.asarray(ids))}
-  geo = eagle_net.Geometry.of(net, cfg.rms_norm_eps)
+  window = {-1: trained_length, 0: None}.get(settings.window, settings.window)
+  if window is not None and window < MIN_WINDOW:
+    raise ValueError(f'eagle was trained on sequences of {window} tokens: too short to draft '
+                     f'with a window of them; set eagle.window to 0 or >= {MIN_WINDOW}')
+  geo = eagle_net.Geometry.of(net, cfg.rms_norm_eps, window)
 
   def catch_up(params, target_params, cache, view: base.TargetView, last_B, key_slots=None):
     """Runs the layer over the call's positions with the target's fused features."""

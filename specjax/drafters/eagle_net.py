@@ -19,7 +19,12 @@ The layer is Llama-style, as EAGLE-3's:
 Only the layer is trained; the embedding and the head are the frozen target's
 (a reduced draft vocabulary keeps the head cheap), so a checkpoint holds 6-8M
 parameters. Attention has its own single-layer KV cache, written at the
-chain positions, and RoPE at those positions.
+chain positions, and RoPE at those positions. A `window` limits it to the
+last keys, as a local layer of the target is limited: a layer trained on
+sequences of L tokens never saw a key further back than L - 1, and on longer
+contexts (Spec-Bench's prompts run to hundreds of tokens) it drafts better
+when it does not see one (measured on the shipped drafter: 1.82 against 1.73
+mean accepted tokens at positions 384-511 with a window of its 128).
 
 Shapes: B batch, T positions, S cache slots, D width, L fused target layers,
 H query heads, K key/value heads, E head dim, F MLP width, N draft vocabulary.
@@ -55,15 +60,17 @@ class Geometry:
   head_dim: int
   mlp_width: int
   eps: float
+  window: int | None = None   # keys at most window - 1 positions back; None: all
 
   @classmethod
-  def of(cls, params: dict[str, Array], eps: float = 1e-6) -> Geometry:
+  def of(cls, params: dict[str, Array], eps: float = 1e-6, window: int | None = None
+         ) -> Geometry:
     width, fused = params['fuse_DxLD'].shape
     head_dim = params['q_norm_E'].shape[0]
     return cls(width=width, num_fused=fused // width,
                num_heads=params['q_HEx2D'].shape[0] // head_dim,
                num_kv_heads=params['k_KEx2D'].shape[0] // head_dim, head_dim=head_dim,
-               mlp_width=params['gate_FxD'].shape[0], eps=eps)
+               mlp_width=params['gate_FxD'].shape[0], eps=eps, window=window)
 
 
 def default_layers(num_layers: int) -> tuple[int, ...]:
@@ -188,7 +195,7 @@ def step(params, geo: Geometry, hidden_BxTxD: Array, embedded_BxTxD: Array,
   cache = kv_cache_lib.write(cache, k, v, positions_BxT[:, 0])
   num_slots = cache['k'].shape[1] if key_slots is None else key_slots
   slots_BxS = jnp.broadcast_to(jnp.arange(num_slots), (positions_BxT.shape[0], num_slots))
-  mask = gemma.attention_mask(positions_BxT, slots_BxS, None)
+  mask = gemma.attention_mask(positions_BxT, slots_BxS, geo.window)
   attn = _attend(q, cache['k'][:, :num_slots], cache['v'][:, :num_slots], mask)
   return _finish(params, geo, hidden_BxTxD, attn), cache
 
@@ -211,8 +218,11 @@ def step_nodes(params, geo: Geometry, hidden_BxWxD: Array, embedded_BxWxD: Array
   nodes = {'k': nodes['k'].at[:, index_W].set(k), 'v': nodes['v'].at[:, index_W].set(v)}
   batch, num_slots = cache['k'].shape[:2]
   width = hidden_BxWxD.shape[1]
+  slots_S = jnp.arange(num_slots)
   cached_BxWxS = jnp.broadcast_to(
-      (jnp.arange(num_slots)[None, :] <= committed_B[:, None])[:, None], (batch, width, num_slots))
+      (slots_S[None, :] <= committed_B[:, None])[:, None], (batch, width, num_slots))
+  if geo.window is not None:   # the nodes' own keys lie within any window wider than the tree
+    cached_BxWxS &= slots_S[None, None, :] > positions_BxW[:, :, None] - geo.window
   mask_BxWxSN = jnp.concatenate(
       [cached_BxWxS, jnp.broadcast_to(sees_WxN[None], (batch,) + sees_WxN.shape)], axis=2)
   attn = _attend(q, jnp.concatenate([cache['k'], nodes['k']], axis=1),
@@ -234,7 +244,14 @@ def unrolled(params, geo: Geometry, first_BxLxD: Array, embedded_BxLxD: Array, s
   """
   b, length, _ = first_BxLxD.shape
   positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-  causal_BxLxL = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (b, length, length))
+  t_L = jnp.arange(length)
+
+  def sees_BxLxL(j):   # step j + 1 of chain t, at position t + j, sees step 1's keys at s <= t
+    mask_LxL = t_L[None, :] <= t_L[:, None]
+    if geo.window is not None:
+      mask_LxL &= t_L[None, :] > t_L[:, None] + j - geo.window
+    return jnp.broadcast_to(mask_LxL, (b, length, length))
+
   hidden, outs, own_k, own_v = first_BxLxD, [], [], []
   k1 = v1 = None
   for j in range(steps):
@@ -242,7 +259,7 @@ def unrolled(params, geo: Geometry, first_BxLxD: Array, embedded_BxLxD: Array, s
     q, k, v = _qkv(params, geo, hidden, embedded, positions_BxL + j)
     if j == 0:
       k1, v1 = k, v
-      attn = _attend(q, k1, v1, causal_BxLxL)
+      attn = _attend(q, k1, v1, sees_BxLxL(0))
     else:
       own_k.append(k)
       own_v.append(v)
@@ -251,7 +268,7 @@ def unrolled(params, geo: Geometry, first_BxLxD: Array, embedded_BxLxD: Array, s
       h = q.shape[2]
       qg = q.reshape(b, length, kv_heads, h // kv_heads, e)
       shared = jnp.einsum('btkge,bske->bkgts', qg, k1)
-      shared = jnp.where(causal_BxLxL[:, None, None], shared, _NEG_INF)
+      shared = jnp.where(sees_BxLxL(j)[:, None, None], shared, _NEG_INF)
       own = jnp.einsum('btkge,jbtke->bkgtj', qg, jnp.stack(own_k))
       probs = jax.nn.softmax(jnp.concatenate([shared, own], axis=-1), axis=-1)
       attn = (jnp.einsum('bkgts,bske->btkge', probs[..., :length], v1)

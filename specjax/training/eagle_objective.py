@@ -45,6 +45,7 @@ class Objective:
   steps: int                 # training-time-test depth: drafts ahead it is scored on
   mlp_width: int
   kind: str = 'eagle'
+  window: int | None = None  # keys farther back than this are not attended to
 
   def init(self, rng: Array, target_params) -> dict[str, Array]:
     return eagle_net.init_params(self.target, len(self.hidden_layers), self.mlp_width, rng,
@@ -55,7 +56,7 @@ class Objective:
 
   def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array,
            starts_B: Array | None = None) -> tuple[Array, dict[str, Array]]:
-    geo = eagle_net.Geometry.of(params, self.target.rms_norm_eps)
+    geo = eagle_net.Geometry.of(params, self.target.rms_norm_eps, self.window)
     batch, length = tokens_BxL.shape
     num_fused = len(self.hidden_layers)
     layers_LxBxTxD = jnp.moveaxis(

@@ -30,24 +30,24 @@ _STRING, _ARRAY = 8, 9
 
 def read_scalars(path: str | os.PathLike) -> dict[str, Any] | None:
   """Every scalar and string field of the header, or None for a file that is not GGUF."""
-  path = Path(path)
-  with open(path, 'rb') as f:
-    if f.read(len(_GGUF_MAGIC)) != _GGUF_MAGIC:
-      return None
-    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-      try:
-        return _walk_header(data)
-      except (struct.error, ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f'{path}: unreadable GGUF header: {e}') from e
+  return _read(Path(path), (), not_gguf=None)
 
 
 def read_fields(path: str | os.PathLike, prefixes: tuple[str, ...]) -> dict[str, Any]:
   """Every field whose key starts with one of `prefixes`, arrays included, decoded as
   GGUFReader's `field.contents()` decodes them (lists of Python values)."""
-  path = Path(path)
+  return _read(Path(path), prefixes, not_gguf=CheckpointError(
+      f'{path}: not a GGUF file (no GGUF magic)'))
+
+
+def _read(path: Path, prefixes: tuple[str, ...], not_gguf: CheckpointError | None):
+  """The header walked through a read-only map; `not_gguf` is returned or raised for a
+  file without the magic."""
   with open(path, 'rb') as f:
     if f.read(len(_GGUF_MAGIC)) != _GGUF_MAGIC:
-      raise CheckpointError(f'{path}: not a GGUF file (no GGUF magic)')
+      if not_gguf is not None:
+        raise not_gguf
+      return None
     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
       try:
         return _walk_header(data, prefixes)

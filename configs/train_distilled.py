@@ -8,9 +8,9 @@ blocks, started from the target's weights and sharing its frozen tied embedding,
 trained so that its next-token distribution matches the target's over the 16k
 draft vocabulary (`distilled.loss`: 'tv', total variation, which is one minus
 the acceptance rate; or 'kl', forward KL): specjax/training/distilled_objective.py.
-The data is the self-distilled set configs/train_eagle.py and train_medusa.py
-make (the same recipe and directory): the target's own text from BOS, no
-Spec-Bench prompt. Serve it with the draft_model drafter:
+The data is the self-distilled set configs/train_medusa.py makes too (the
+same recipe and directory): the target's own text from BOS, no Spec-Bench
+prompt (configs/train_eagle.py adds rows that continue calibration prompts). Serve it with the draft_model drafter:
 
   python -m specjax.run --config=configs/gemma.py:drafters=draft_model \
       --config.draft_model.checkpoint=results/train_distilled/drafter
@@ -44,7 +44,7 @@ def get_config(arg=None):
   c.data = dict(num_shards=34, sequences_per_shard=32, seq_len=128, start_tokens=8,
                 sampled_fraction=0.25, seed=0, bos_id=2, eos_ids=(1, 106),
                 prompts='', prompted_fraction=0.0)   # '' = BOS only (see train_eagle.py)
-  c.data_dir = 'results/distill-gemma3-270m'   # shared with train_eagle.py and train_medusa.py
+  c.data_dir = 'results/distill-gemma3-270m'   # shared with train_medusa.py
   c.heldout_shards = 2
   c.batch_size = 8
   c.steps = 800

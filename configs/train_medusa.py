@@ -36,7 +36,7 @@ def get_config(arg=None):
   c.data = dict(num_shards=34, sequences_per_shard=32, seq_len=128, start_tokens=8,
                 sampled_fraction=0.25, seed=0, bos_id=2, eos_ids=(1, 106),
                 prompts='', prompted_fraction=0.0)   # '' = BOS only (see train_eagle.py)
-  c.data_dir = 'results/distill-gemma3-270m'   # shared with configs/train_eagle.py
+  c.data_dir = 'results/distill-gemma3-270m'   # shared with configs/train_distilled.py
   c.heldout_shards = 2
   c.batch_size = 8
   c.steps = 1200

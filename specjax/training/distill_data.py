@@ -76,7 +76,10 @@ class Recipe:
       raise ValueError(f'data.start_top_p must be in (0, 1], got {self.start_top_p}')
     if not 0.0 <= self.prompted_fraction <= 1.0:
       raise ValueError(f'data.prompted_fraction must be in [0, 1], got {self.prompted_fraction}')
-    if self.prompted_fraction > 0 and self.prompts not in PROMPT_SETS:
+    if self.prompts not in ('', *PROMPT_SETS):
+      raise ValueError(f"data.prompts is {self.prompts!r}; known: '' (BOS only), "
+                       f"{', '.join(PROMPT_SETS)}")
+    if self.prompted_fraction > 0 and not self.prompts:
       raise ValueError(f'data.prompted_fraction is {self.prompted_fraction}, so data.prompts must '
                        f'name a prompt set ({", ".join(PROMPT_SETS)}), got {self.prompts!r}')
 

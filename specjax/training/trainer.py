@@ -133,9 +133,8 @@ class TrainConfig:
       distill_data.Recipe(target=self.target, target_sha256='', **self.data)
     except TypeError as e:
       raise ValueError(f'config.data: {e}') from None
-    if self.data.get('prompts', '') not in ('', *distill_data.PROMPT_SETS):
-      raise ValueError(f"config.data.prompts is {self.data['prompts']!r}; known: '' (BOS "
-                       f"only), {', '.join(distill_data.PROMPT_SETS)}")
+    except ValueError as e:
+      raise ValueError(f'config.{e}') from None
     if self.heldout_shards >= self.data.get('num_shards', 0):
       raise ValueError(f'config.heldout_shards ({self.heldout_shards}) must leave training '
                        f'shards out of config.data.num_shards ({self.data.get("num_shards")})')
@@ -234,6 +233,12 @@ def batch_indices(seed: int, step: int, batch: int, num_sequences: int) -> np.nd
   return out
 
 
+def _tokenizer_source(target: str) -> str:
+  """Where the target's tokenizer is: the embedded GGUF, or the target's own path."""
+  from specjax.checkpoints import embedded  # pylint: disable=g-import-not-at-top
+  return str(embedded.default_gguf_path()) if target.startswith('embedded:') else target
+
+
 def _draft_vocab(cfg: TrainConfig, vocab: int) -> np.ndarray | None:
   """The heads' draft vocabulary (`drafters.draft_vocab`): its first draft_vocab_size ids,
   checked against the target's vocabulary and, for a GGUF target, its tokenizer."""
@@ -242,9 +247,7 @@ def _draft_vocab(cfg: TrainConfig, vocab: int) -> np.ndarray | None:
   tokenizer = None
   if cfg.target != TINY_RANDOM:
     from specjax.experiments import loading  # pylint: disable=g-import-not-at-top
-    from specjax.checkpoints import embedded  # pylint: disable=g-import-not-at-top
-    source = (str(embedded.default_gguf_path()) if cfg.target.startswith('embedded:')
-              else cfg.target)
+    source = _tokenizer_source(cfg.target)
     if source.endswith('.gguf'):
       tokenizer = draft_vocab_lib.tokenizer_fingerprint(loading.load_tokenizer(source))
   try:
@@ -265,10 +268,7 @@ def _data_prompts(cfg: TrainConfig) -> tuple[list[list[int]], str]:
                      f'{TINY_RANDOM} has none')
   from specjax.experiments import loading  # pylint: disable=g-import-not-at-top
   from specjax.experiments import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
-  from specjax.checkpoints import embedded  # pylint: disable=g-import-not-at-top
-  source = (str(embedded.default_gguf_path()) if cfg.target.startswith('embedded:')
-            else cfg.target)
-  tokenizer = loading.load_tokenizer(source)
+  tokenizer = loading.load_tokenizer(_tokenizer_source(cfg.target))
   prompts, sha = prompts_lib.calibration_prompts()
   return [tokenizer.encode(p.text, add_bos=False) for p in prompts], sha
 

@@ -29,3 +29,15 @@ def _drop_compiled_programs_after_each_module():
   """
   yield
   jax.clear_caches()
+
+
+@pytest.fixture(scope='module')
+def gemma270m():
+  """The embedded Gemma 3 270M: (model, params), loaded once per module that asks for it."""
+  # pylint: disable=g-import-not-at-top
+  from specjax import checkpoints
+  from specjax.models import config as config_lib
+  from specjax.models.language_model import LanguageModel
+  cfg, params = checkpoints.load_checkpoint('embedded:gemma3-270m')
+  assert cfg == config_lib.get_model_config('gemma3-270m')
+  return LanguageModel(cfg), jax.device_put(params)

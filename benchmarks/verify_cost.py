@@ -12,22 +12,37 @@ run, the two interleaved so that a machine's drift hits both:
 
 Prints, with the CPU model and flags, milliseconds per call and the ratio to a
 one-position decode step (which both forms run as a matrix-vector product).
+
+Then what the CPU allows: each extra position costs 2 FLOP per matmul
+parameter (0.54 GFLOP on the 270M), which on two cores is not free. The
+machine's matmul speed is measured on the head at 64 rows, where it is
+compute-bound, and the last column gives the call's cost if every extra FLOP
+ran at that speed after the step's weight reads (no overlap):
+1 + (n - 1) * F / (speed * decode time). A kernel that overlapped the two
+perfectly could go lower; XLA runs each dot as its own kernel, so only the
+head's can. On the AVX-512 EPYC of 3 December 2026 (165 GFLOP/s, a 48 ms
+step) that was 1.27 decode steps at 5 positions and 1.54 at 9, against 1.83
+and 2.61 measured (the matmul head: 1.86 and 2.32): the extra positions ran
+at about a third of the speed the CPU reaches on 64 rows.
 On a 2-core AVX-512 EPYC (2 December 2026) 5 positions at batch 1 cost 1.75
 decode steps as a matmul and 1.67 as a reduction (an earlier, unpolished run of
 the same comparison: 1.86 and 1.62); batch 16 at 5 positions is 80 rows, past
 the reduction's limit, so both forms run the matmul there.
 
   .venv/bin/python benchmarks/verify_cost.py [--widths=1,3,5,9] [--batches=1,4] [--rounds=3]
+  (that run: --widths=1,5,9 --batches=1 --rounds=2)
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from absl import app
 from absl import flags
 import jax
+import jax.numpy as jnp
 
 from specjax import checkpoints
 from specjax.decoding import step_costs
@@ -44,6 +59,27 @@ ROUNDS = flags.DEFINE_integer('rounds', 3, 'Interleaved rounds; each figure is t
 
 # The head's form, as gemma.head_logits picks it: the row limit of the reduction.
 FORMS = {'matmul': 0, 'reduce': gemma._CPU_HEAD_REDUCE_MAX_ROWS}  # pylint: disable=protected-access
+
+
+_PEAK_ROWS = 64
+
+
+def matmul_params(params) -> int:
+  """Parameters a position multiplies: every matrix, the tied table once (as the head)."""
+  return sum(x.size for x in jax.tree.leaves(params) if x.ndim == 2)
+
+
+def matmul_gflops(table_VxD) -> float:
+  """The CPU's float32 matmul speed, on the head at 64 rows (compute-bound there)."""
+  x_1xNxD = jnp.ones((1, _PEAK_ROWS, table_VxD.shape[1]), jnp.float32)
+  head = jax.jit(lambda x, w: gemma.linear(x, w).max())
+  head(x_1xNxD, table_VxD).block_until_ready()
+  seconds = float('inf')
+  for _ in range(5):
+    start = time.perf_counter()
+    head(x_1xNxD, table_VxD).block_until_ready()
+    seconds = min(seconds, time.perf_counter() - start)
+  return 2 * _PEAK_ROWS * table_VxD.size / seconds / 1e9
 
 
 def main(argv):
@@ -68,14 +104,20 @@ def main(argv):
           best[key] = min(best.get(key, float('inf')), seconds)
     print(f'round {round_index + 1} of {ROUNDS.value} done', flush=True)
   gemma._CPU_HEAD_REDUCE_MAX_ROWS = FORMS['reduce']  # pylint: disable=protected-access
-  print('\n| batch | positions | matmul ms | / decode | reduce ms | / decode | reduce / matmul |')
-  print('|---|---|---|---|---|---|---|')
+  flop_per_position = 2 * matmul_params(params)
+  gflops = matmul_gflops(params['embedding_VxD'])
+  print(f'\nmatmul speed (the head at {_PEAK_ROWS} rows): {gflops:.0f} GFLOP/s; '
+        f'{flop_per_position / 1e9:.2f} GFLOP per position')
+  print('\n| batch | positions | matmul ms | / decode | reduce ms | / decode | reduce / matmul '
+        '| at peak, no overlap |')
+  print('|---|---|---|---|---|---|---|---|')
   for batch in batches:
     decode = min(best[(batch, 1, form)] for form in FORMS)
     for width in widths:
       mat, red = best[(batch, width, 'matmul')], best[(batch, width, 'reduce')]
+      extra_seconds = batch * (width - 1) * flop_per_position / (gflops * 1e9)
       print(f'| {batch} | {width} | {mat * 1e3:.1f} | {mat / decode:.2f} | {red * 1e3:.1f} | '
-            f'{red / decode:.2f} | {red / mat:.2f} |')
+            f'{red / decode:.2f} | {red / mat:.2f} | {1 + extra_seconds / decode:.2f} |')
 
 
 if __name__ == '__main__':

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 from absl import app
 from absl import flags
@@ -48,19 +47,14 @@ from specjax.models import gemma
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
+import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 ROWS = flags.DEFINE_list('rows', ['1', '5', '9'], 'Rows of x (positions x batch).')
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs; each figure is the best.')
 
 
 def _best_ms(fn, *args) -> float:
-  jax.block_until_ready(fn(*args))
-  best = float('inf')
-  for _ in range(REPEATS.value):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - start)
-  return best * 1e3
+  return timing.best_seconds(fn, *args, repeats=REPEATS.value) * 1e3
 
 
 def _chain(product):

@@ -13,6 +13,11 @@ run, the two interleaved so that a machine's drift hits both:
 Prints, with the CPU model and flags, milliseconds per call and the ratio to a
 one-position decode step (which both forms run as a matrix-vector product).
 
+On a 2-core AVX-512 EPYC (2 December 2026) 5 positions at batch 1 cost 1.75
+decode steps as a matmul and 1.67 as a reduction (an earlier, unpolished run of
+the same comparison: 1.86 and 1.62); batch 16 at 5 positions is 80 rows, past
+the reduction's limit, so both forms run the matmul there.
+
 Then what the CPU allows: each extra position costs 2 FLOP per matmul
 parameter (0.54 GFLOP on the 270M), which on two cores is not free. The
 machine's matmul speed is measured on the head at 64 rows, where it is
@@ -24,10 +29,6 @@ head's can. On the AVX-512 EPYC of 3 December 2026 (165 GFLOP/s, a 48 ms
 step) that was 1.27 decode steps at 5 positions and 1.54 at 9, against 1.83
 and 2.61 measured (the matmul head: 1.86 and 2.32): the extra positions ran
 at about a third of the speed the CPU reaches on 64 rows.
-On a 2-core AVX-512 EPYC (2 December 2026) 5 positions at batch 1 cost 1.75
-decode steps as a matmul and 1.67 as a reduction (an earlier, unpolished run of
-the same comparison: 1.86 and 1.62); batch 16 at 5 positions is 80 rows, past
-the reduction's limit, so both forms run the matmul there.
 
   .venv/bin/python benchmarks/verify_cost.py [--widths=1,3,5,9] [--batches=1,4] [--rounds=3]
   (that run: --widths=1,5,9 --batches=1 --rounds=2)
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 from absl import app
 from absl import flags
@@ -51,6 +51,7 @@ from specjax.models.language_model import LanguageModel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
+import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 WIDTHS = flags.DEFINE_list('widths', ['1', '3', '5', '9'], 'Positions per row in a call.')
 BATCHES = flags.DEFINE_list('batches', ['1', '4'], 'Batch sizes.')
@@ -73,13 +74,7 @@ def matmul_gflops(table_VxD) -> float:
   """The CPU's float32 matmul speed, on the head at 64 rows (compute-bound there)."""
   x_1xNxD = jnp.ones((1, _PEAK_ROWS, table_VxD.shape[1]), jnp.float32)
   head = jax.jit(lambda x, w: gemma.linear(x, w).max())
-  head(x_1xNxD, table_VxD).block_until_ready()
-  seconds = float('inf')
-  for _ in range(5):
-    start = time.perf_counter()
-    head(x_1xNxD, table_VxD).block_until_ready()
-    seconds = min(seconds, time.perf_counter() - start)
-  return 2 * _PEAK_ROWS * table_VxD.size / seconds / 1e9
+  return 2 * _PEAK_ROWS * table_VxD.size / timing.best_seconds(head, x_1xNxD, table_VxD) / 1e9
 
 
 def main(argv):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -297,14 +296,6 @@ def test_the_subset_leaves_out_tokens_the_target_draws():
 
 
 # ------------------------------------------------------------- the real 270M
-
-
-@pytest.fixture(scope='module')
-def gemma270m():
-  from specjax import checkpoints  # pylint: disable=g-import-not-at-top
-  from specjax.models.language_model import LanguageModel  # pylint: disable=g-import-not-at-top
-  cfg, params = checkpoints.load_checkpoint('embedded:gemma3-270m')
-  return LanguageModel(cfg), jax.device_put(params)
 
 
 REAL_PROMPTS = [   # mixed lengths; ids of the embedded tokenizer

@@ -10,7 +10,8 @@ draft vocabulary (`distilled.loss`: 'tv', total variation, which is one minus
 the acceptance rate; or 'kl', forward KL): specjax/training/distilled_objective.py.
 The data is the self-distilled set configs/train_medusa.py makes too (the
 same recipe and directory): the target's own text from BOS, no Spec-Bench
-prompt (configs/train_eagle.py adds rows that continue calibration prompts). Serve it with the draft_model drafter:
+prompt (configs/train_eagle.py adds rows that continue calibration prompts).
+Serve it with the draft_model drafter:
 
   python -m specjax.run --config=configs/gemma.py:drafters=draft_model \
       --config.draft_model.checkpoint=results/train_distilled/drafter

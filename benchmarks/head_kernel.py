@@ -4,9 +4,11 @@ A verify call over gamma + 1 positions runs the 262,144 x 640 head on
 gamma + 1 rows; a decode step on one. This prints, for N = 1..16 rows, the
 head's CPU time (all threads; steadier than wall time on a shared machine)
 relative to N = 1, in three forms: the matmul in the model's layout
-(W[V, D] @ x[N, D]^T, `gemma.linear`), the plain x @ W^T, and what the model's head
-runs (`gemma.head_logits`: on CPU a multiply-and-reduce for 2 to 64 rows). Every logit is consumed (an argmax), or XLA would slice
-the matmul away. On the 2-core AVX2 EPYC of December 2026 the cost came in steps
+(W[V, D] @ x[N, D]^T, as `gemma.linear` computes it with XLA's kernels), the
+plain x @ W^T, and what the model's head runs (`gemma.head_logits`: on CPU
+specjax's skinny-matmul kernel up to 16 rows, where it is built; see
+benchmarks/skinny_matmul.py). Every logit is consumed (an argmax), or XLA would
+slice the matmul away. On the 2-core AVX2 EPYC of December 2026 the cost came in steps
 (N = 2-4, 5-8 and 9-16 each cost about the same), so a chain of 4 drafts
 (5 rows) pays what 7 drafts or a 7-node tree would. On the 2-core AVX-512 EPYC of
 2 December 2026 the multiply-and-reduce took 26-30 ms at 5 rows against 34-45 ms for

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.cpu_kernels import skinny_matmul
 from specjax.models import config as config_lib
 from specjax.models import gemma
 
@@ -71,6 +72,8 @@ def _chain(product):
 
 def main(argv):
   del argv
+  # XLA's kernels in both layouts (benchmarks/skinny_matmul.py times specjax's own).
+  skinny_matmul.MAX_ROWS = 0
   print(cpu_info.describe())
   cfg = config_lib.get_model_config('gemma3-270m')
   d, heads, kv, h, f = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_dim

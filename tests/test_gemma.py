@@ -100,9 +100,11 @@ def test_logit_indices_pick_positions():
   np.testing.assert_allclose(picked[0], full[0, jnp.array([7, 2])], atol=1e-6)
 
 
-@pytest.mark.parametrize('batch,rows', [(1, 1), (1, 2), (1, 5), (4, 5), (8, 8), (5, 13)])
+@pytest.mark.parametrize('batch,rows', [(1, 1), (1, 2), (1, 5), (2, 8), (1, 17), (4, 5), (8, 8),
+                                        (5, 13)])
 def test_head_logits_equal_the_matmul_whichever_form_it_takes(batch, rows):
-  # 1 row and more than 64 take the matmul, 2 to 64 the CPU's multiply-and-reduce.
+  # On CPU: 1 to 16 rows take the skinny-matmul kernel, 17 to 64 the
+  # multiply-and-reduce, more than 64 XLA's matmul.
   rng = np.random.default_rng(batch * 100 + rows)
   table_VxD = rng.normal(size=(3000, 48)).astype(np.float32)
   x_BxRxD = rng.normal(size=(batch, rows, 48)).astype(np.float32)

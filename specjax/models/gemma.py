@@ -17,7 +17,10 @@ Every matrix is stored (out, in), as GGUF and torch store them, and applied as
 X[I, T] at close to one pass over W for small T, but x[T, I] @ W[I, O] at two
 to three passes (measured on a 2-core AVX2 EPYC: the tied 262,144 x 640 head at
 T = 5 took 36-42 ms against 56-67 ms). That is what keeps a verify call over
-gamma + 1 positions close to the cost of a one-token decode step. Norm
+gamma + 1 positions close to the cost of a one-token decode step. On CPU, in
+float32, products of up to 16 rows go to specjax's own kernel instead
+(`cpu_kernels/skinny_matmul`), which overlaps the weight reads with the
+arithmetic and gives each row the same bits whatever the number of rows. Norm
 `scale`s hold the full multiplier (Gemma's 1 + w), as GGUF files do.
 
 Sharding: called with `model_axis` inside `shard_map`, every parameter is the
@@ -36,6 +39,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specjax.cpu_kernels import skinny_matmul as skinny_matmul_lib
 from specjax.models import kv_cache as kv_cache_lib
 from specjax.models.config import GemmaConfig
 
@@ -74,9 +78,13 @@ def linear(x_BxTxI: Array, w_OxI: Array, out_dtype: Any = None) -> Array:
 
   On CPU the product's [O, B*T] result passes an optimization barrier before
   it is transposed: without it XLA folds the transpose into the matmul's
-  output layout and picks its slow small-M kernel again.
+  output layout and picks its slow small-M kernel again. A float32 product of
+  a few rows on CPU takes specjax's skinny-matmul kernel.
   """
   b, t, i = x_BxTxI.shape
+  if skinny_matmul_lib.applies(b * t, x_BxTxI, w_OxI):
+    y_NxO = skinny_matmul_lib.skinny_matmul(x_BxTxI.reshape(b * t, i), w_OxI)
+    return y_NxO.astype(out_dtype or x_BxTxI.dtype).reshape(b, t, w_OxI.shape[0])
   y_OxN = jnp.einsum('oi,ni->on', w_OxI, x_BxTxI.reshape(b * t, i),
                      preferred_element_type=jnp.float32).astype(out_dtype or x_BxTxI.dtype)
   if jax.default_backend() == 'cpu' and b * t > 1:
@@ -377,8 +385,9 @@ _CPU_HEAD_REDUCE_MAX_ROWS = 64
 def head_logits(x_BxRxD: Array, table_VxD: Array) -> Array:
   """x @ table.T in float32 for a vocabulary-sized table: the head's product.
 
-  On CPU, for 2 to 64 rows (a verify call's gamma + 1 positions, a small batch
-  of them) it is written as an elementwise product reduced over D, which XLA
+  On CPU a float32 table and up to 16 rows take the skinny-matmul kernel
+  (through `linear`). Past that, or where the kernel is not built, for 2 to 64
+  rows (a verify call's gamma + 1 positions, a small batch of them) it is written as an elementwise product reduced over D, which XLA
   emits as one fused pass over the table with each row's D values kept in
   cache, instead of a call to its general matmul, which is slow on a
   262,144 x 640 by 640 x 5 product. Measured on a 2-core AVX-512 EPYC, the
@@ -391,6 +400,8 @@ def head_logits(x_BxRxD: Array, table_VxD: Array) -> Array:
   """
   b, r, d = x_BxRxD.shape
   rows = b * r
+  if skinny_matmul_lib.applies(rows, x_BxRxD.astype(jnp.float32), table_VxD):
+    return linear(x_BxRxD.astype(jnp.float32), table_VxD, out_dtype=jnp.float32)
   if jax.default_backend() != 'cpu' or not 1 < rows <= _CPU_HEAD_REDUCE_MAX_ROWS:
     return linear(x_BxRxD, table_VxD, out_dtype=jnp.float32)
   x_NxD = x_BxRxD.reshape(rows, d).astype(jnp.float32)

@@ -1,0 +1,113 @@
+r"""specjax's skinny-matmul CPU kernel against XLA:CPU's kernels, on the 270M's matrices.
+
+A decode step multiplies one row by every matrix of the target, a verify call
+gamma + 1 rows, a batch of B rows B times that. This times, side by side in
+one run, the same float32 products computed by `cpu_kernels/skinny_matmul`
+and by XLA's kernels as the model used them before it (`gemma.linear` with the
+kernel off; for the head, `gemma.head_logits`' multiply-and-reduce from 2
+rows and XLA's GEMV at one):
+
+  body  18 layers' worth of each of the 270M's matrix shapes (distinct arrays,
+        so the weights stream from memory as in the model), chained;
+  head  the tied 262,144 x 640 table, every logit consumed by a max.
+
+and prints, with the CPU model and flags, milliseconds per product at each
+row count, kernel / XLA, and each one's cost relative to its own one-row
+product (what a verify call pays over a decode step, product by product).
+Weights are random float32: a product's speed does not depend on the values.
+
+On the 2-core AVX-512 EPYC of 3 December 2026, before this file existed, the
+head took 22-26 ms at 1 row with either, and at 5 / 9 rows 30-31 / 33 ms with
+the kernel against 40-47 / 49-57 ms with XLA's; the body, all 18 layers,
+16 / 21 / 25-28 ms at 1 / 5 / 9 rows against 18 / 25-27 / 33-38.
+
+  .venv/bin/python benchmarks/skinny_matmul.py [--rows=1,2,3,5,9,16] [--repeats=10]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.cpu_kernels import skinny_matmul
+from specjax.models import config as config_lib
+from specjax.models import gemma
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
+import timing  # noqa: E402  pylint: disable=g-import-not-at-top
+
+ROWS = flags.DEFINE_list('rows', ['1', '2', '3', '5', '9', '16'], 'Rows of x (positions x batch).')
+REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs; each figure is the best.')
+
+
+def compiled(fn, args, kernel_rows: int):
+  """fn compiled with the kernel taking products of up to `kernel_rows` rows (0: none)."""
+  saved = skinny_matmul.MAX_ROWS
+  skinny_matmul.MAX_ROWS = kernel_rows
+  jax.clear_caches()  # the row limit is read when fn is traced, and traces are cached
+  try:
+    lowered = jax.jit(fn).lower(*args)
+    assert (skinny_matmul.TARGET in lowered.as_text()) == (kernel_rows > 0)
+    return lowered.compile()
+  finally:
+    skinny_matmul.MAX_ROWS = saved
+
+
+def body_chain(layers, x_NxD):
+  """Every matrix of every layer, each layer's input depending on the last one's output."""
+  total = jnp.float32(0)
+  for w in layers:
+    x_1xNxD = x_NxD[None]
+    for name in ('q', 'k', 'v', 'gate', 'up'):
+      y = gemma.linear(x_1xNxD, w[name])
+      total = total + y.sum()
+    o = gemma.linear(jnp.ones(x_1xNxD.shape[:2] + (w['o'].shape[1],)) * total * 1e-9, w['o'])
+    down = gemma.linear(jnp.ones(x_1xNxD.shape[:2] + (w['down'].shape[1],)) * total * 1e-9,
+                        w['down'])
+    x_NxD = x_NxD + 1e-3 * (o + down)[0]
+  return total + x_NxD.sum()
+
+
+def head_max(table_VxD, x_NxD):
+  return gemma.head_logits(x_NxD[None], table_VxD).max(-1)
+
+
+def main(argv):
+  del argv
+  print(cpu_info.describe())
+  print(f'jax {jax.__version__}, float32; ms per product (best of {REPEATS.value}); '
+        f'kernel built: {skinny_matmul.available()}\n')
+  cfg = config_lib.get_model_config('gemma3-270m')
+  d, heads, kv, h, f = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_dim
+  shapes = {'q': (heads * h, d), 'k': (kv * h, d), 'v': (kv * h, d), 'o': (d, heads * h),
+            'gate': (f, d), 'up': (f, d), 'down': (d, f)}
+  rng = np.random.default_rng(0)
+  layers = [{k: jnp.asarray(rng.standard_normal(s, dtype=np.float32) * 0.02)
+             for k, s in shapes.items()} for _ in range(cfg.num_layers)]
+  table_VxD = jnp.asarray(rng.standard_normal((cfg.vocab_size, d), dtype=np.float32) * 0.02)
+  rows = [int(r) for r in ROWS.value]
+  print('| product | rows | xla ms | kernel ms | kernel / xla | xla / 1 row | kernel / 1 row |')
+  print('|---|---|---|---|---|---|---|')
+  for name, fn, weights in (('body, 18 layers', body_chain, layers), ('head', head_max, table_VxD)):
+    one = {}
+    for n in rows:
+      args = (weights, jnp.ones((n, d), jnp.float32))
+      ms = {}
+      for form, kernel_rows in (('xla', 0), ('kernel', max(rows))):
+        ms[form] = timing.best_seconds(compiled(fn, args, kernel_rows), *args,
+                                       repeats=REPEATS.value) * 1e3
+        one.setdefault(form, ms[form])
+      print(f'| {name} | {n} | {ms["xla"]:.1f} | {ms["kernel"]:.1f} | '
+            f'{ms["kernel"] / ms["xla"]:.2f} | {ms["xla"] / one["xla"]:.2f} | '
+            f'{ms["kernel"] / one["kernel"]:.2f} |', flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,1 @@
+"""Hand-written XLA:CPU kernels, compiled on first use (see build.py)."""

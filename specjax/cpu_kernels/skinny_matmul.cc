@@ -1,0 +1,214 @@
+// y[N, O] = x[N, I] @ w[O, I]^T in float32, for a few rows N, as an XLA:CPU FFI call.
+//
+// Why: a verify call multiplies gamma + 1 rows by every matrix of the target,
+// and XLA:CPU's kernels for that shape first read the matrix and then compute,
+// so a 5-row product of the 270M's tied head (262,144 x 640) costs about twice
+// a 1-row one. This kernel streams each matrix once, in row blocks, with a
+// software prefetch far enough ahead that the reads run under the arithmetic,
+// and splits the rows over XLA's own intra-op thread pool.
+//
+// Every output element is one dot product, accumulated in 8 float lanes in the
+// order of i, then summed pairwise in a fixed order. Nothing about it depends
+// on N, the row block or the thread, so y[n] is bit-identical to the product of
+// row n alone. (A whole verify call is not bit-identical to decode steps: XLA's
+// attention and norms still sum in an order that depends on the shape.)
+//
+// Compiled on first use by specjax/cpu_kernels/build.py with -march=native.
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+
+constexpr int kLanes = 8;
+// How far ahead of the row being read the next reads are requested, in floats
+// (64 KiB): measured on a 2-core Zen 4 EPYC, 32-128 KiB all stream at full speed.
+constexpr int64_t kPrefetchFloats = 16384;
+// Rows of w read from memory once and then reused, from L1/L2, by every group
+// of up to kMaxGroup rows of x. A multiple of most row blocks below.
+constexpr int64_t kRowsPerPanel = 48;
+constexpr int kMaxGroup = 8;
+
+inline f32x8 load8(const float* p) {
+  f32x8 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// acc + a * b, fused where the CPU has FMA. Written out, because the compiler
+// is built with -ffp-contract=off: it must not fuse some multiply-adds and not
+// others, or a row's bits would depend on which loop computed it.
+inline f32x8 madd(f32x8 acc, f32x8 a, f32x8 b) {
+#if defined(__FMA__)
+  return reinterpret_cast<f32x8>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a),
+                                                 reinterpret_cast<__m256>(b),
+                                                 reinterpret_cast<__m256>(acc)));
+#else
+  return acc + a * b;
+#endif
+}
+
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)): fixed, whatever the caller.
+inline float sum_lanes(f32x8 a) {
+  f32x4 lo, hi;
+  __builtin_memcpy(&lo, &a, sizeof(lo));
+  __builtin_memcpy(&hi, reinterpret_cast<const char*>(&a) + sizeof(lo), sizeof(hi));
+  f32x4 s = lo + hi;
+  return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
+inline float finish(f32x8 acc, const float* w_row, const float* x_row, int64_t i0, int64_t I) {
+  float s = sum_lanes(acc);
+  for (int64_t i = i0; i < I; ++i) s += w_row[i] * x_row[i];
+  return s;
+}
+
+// Rows [o0, o1) of y for G rows of x, R rows of w at a time (G * R accumulators
+// stay in registers). `prefetch` is set on the first group's pass over a panel.
+template <int G, int R, bool kPrefetch>
+void group_rows(const float* x, const float* w, float* y, int64_t O, int64_t I,
+                int64_t o0, int64_t o1) {
+  const int64_t I8 = I / kLanes * kLanes;
+  int64_t o = o0;
+  for (; o + R <= o1; o += R) {
+    f32x8 acc[R][G] = {};
+    for (int64_t i = 0; i < I8; i += kLanes) {
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const float* w_ri = w + (o + r) * I + i;
+        if (kPrefetch) __builtin_prefetch(w_ri + kPrefetchFloats, 0, 0);
+        const f32x8 wv = load8(w_ri);
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) acc[r][g] = madd(acc[r][g], wv, load8(x + g * I + i));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g)
+        y[g * O + o + r] = finish(acc[r][g], w + (o + r) * I, x + g * I, I8, I);
+  }
+  for (; o < o1; ++o) {  // the rows left over: the same sums, one w row at a time
+    f32x8 acc[G] = {};
+    for (int64_t i = 0; i < I8; i += kLanes) {
+      const float* w_oi = w + o * I + i;
+      if (kPrefetch) __builtin_prefetch(w_oi + kPrefetchFloats, 0, 0);
+      f32x8 wv = load8(w_oi);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) acc[g] = madd(acc[g], wv, load8(x + g * I + i));
+    }
+    for (int g = 0; g < G; ++g) y[g * O + o] = finish(acc[g], w + o * I, x + g * I, I8, I);
+  }
+}
+
+using GroupFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+
+// Row blocks R for G rows of x: as many accumulators (G * R) as the vector
+// registers hold beside a row of w, x read from L1 as memory operands (more,
+// and the compiler keeps the accumulators in memory: 4-9x slower). With
+// AVX-512VL there are 32 of them (measured on a Zen 4 EPYC, the head at 5 rows:
+// 25 ms at R = 6 against 29 at R = 3), otherwise 16.
+#if defined(__AVX512VL__)
+constexpr int kBlockRows[kMaxGroup + 1] = {0, 16, 12, 8, 6, 6, 4, 4, 3};
+#else
+constexpr int kBlockRows[kMaxGroup + 1] = {0, 8, 6, 4, 3, 2, 2, 1, 1};
+#endif
+
+template <bool kPrefetch>
+GroupFn group_fn(int g) {
+  switch (g) {
+    case 1: return group_rows<1, kBlockRows[1], kPrefetch>;
+    case 2: return group_rows<2, kBlockRows[2], kPrefetch>;
+    case 3: return group_rows<3, kBlockRows[3], kPrefetch>;
+    case 4: return group_rows<4, kBlockRows[4], kPrefetch>;
+    case 5: return group_rows<5, kBlockRows[5], kPrefetch>;
+    case 6: return group_rows<6, kBlockRows[6], kPrefetch>;
+    case 7: return group_rows<7, kBlockRows[7], kPrefetch>;
+    default: return group_rows<8, kBlockRows[8], kPrefetch>;
+  }
+}
+
+// Rows [o0, o1) of y for all N rows of x, one panel of w at a time.
+void panel_rows(const float* x, const float* w, float* y, int64_t N, int64_t O, int64_t I,
+                int64_t o0, int64_t o1) {
+  for (int64_t p0 = o0; p0 < o1; p0 += kRowsPerPanel) {
+    const int64_t p1 = std::min(o1, p0 + kRowsPerPanel);
+    for (int64_t n0 = 0; n0 < N; n0 += kMaxGroup) {
+      const int g = static_cast<int>(std::min<int64_t>(kMaxGroup, N - n0));
+      GroupFn fn = n0 == 0 ? group_fn<true>(g) : group_fn<false>(g);
+      fn(x + n0 * I, w, y + n0 * O, O, I, p0, p1);
+    }
+  }
+}
+
+// Chunks of rows claimed from a shared counter by the calling thread and by
+// helpers on XLA's pool. A helper that starts after every chunk is claimed
+// returns at once, and the caller only waits for chunks already running, so
+// the call cannot deadlock however many pool threads are free.
+struct Chunks {
+  const float* x;
+  const float* w;
+  float* y;
+  int64_t N, O, I, rows_per_chunk, num_chunks;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> finished{0};
+
+  void work() {
+    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < num_chunks;) {
+      const int64_t o0 = c * rows_per_chunk;
+      panel_rows(x, w, y, N, O, I, o0, std::min(O, o0 + rows_per_chunk));
+      finished.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error SkinnyMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
+                        ffi::Buffer<ffi::F32> w_OxI, ffi::ResultBuffer<ffi::F32> y_NxO) {
+  const auto xd = x_NxI.dimensions();
+  const auto wd = w_OxI.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1]) {
+    return ffi::Error::InvalidArgument("skinny_matmul: expected x[N, I] and w[O, I]");
+  }
+  const int64_t N = xd[0], I = xd[1], O = wd[0];
+  if (N == 0 || O == 0) return ffi::Error::Success();
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  auto chunks = std::make_shared<Chunks>();
+  chunks->x = x_NxI.typed_data();
+  chunks->w = w_OxI.typed_data();
+  chunks->y = y_NxO->typed_data();
+  chunks->N = N;
+  chunks->O = O;
+  chunks->I = I;
+  // About 8 chunks per thread, so a slow thread does not hold the call up.
+  const int64_t panels = (O + kRowsPerPanel - 1) / kRowsPerPanel;
+  chunks->rows_per_chunk = std::max<int64_t>(1, panels / (8 * threads)) * kRowsPerPanel;
+  chunks->num_chunks = (O + chunks->rows_per_chunk - 1) / chunks->rows_per_chunk;
+  const int64_t helpers = std::min(threads, chunks->num_chunks) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([chunks] { chunks->work(); });
+  chunks->work();
+  while (chunks->finished.load(std::memory_order_acquire) < chunks->num_chunks) {
+    std::this_thread::yield();
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_skinny_matmul_f32, SkinnyMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

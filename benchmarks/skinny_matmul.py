@@ -16,10 +16,15 @@ row count, kernel / XLA, and each one's cost relative to its own one-row
 product (what a verify call pays over a decode step, product by product).
 Weights are random float32: a product's speed does not depend on the values.
 
-On the 2-core AVX-512 EPYC of 3 December 2026, before this file existed, the
-head took 22-26 ms at 1 row with either, and at 5 / 9 rows 30-31 / 33 ms with
-the kernel against 40-47 / 49-57 ms with XLA's; the body, all 18 layers,
-16 / 21 / 25-28 ms at 1 / 5 / 9 rows against 18 / 25-27 / 33-38.
+On the 2-core AVX-512 EPYC of 3 December 2026 (--rows=1,5,9 --repeats=5):
+
+  | product | rows | xla ms | kernel ms | kernel / xla | xla / 1 row | kernel / 1 row |
+  | body, 18 layers | 1 | 17.5 | 18.5 | 1.05 | 1.00 | 1.00 |
+  | body, 18 layers | 5 | 27.6 | 24.3 | 0.88 | 1.58 | 1.31 |
+  | body, 18 layers | 9 | 36.1 | 24.6 | 0.68 | 2.06 | 1.33 |
+  | head | 1 | 24.9 | 26.7 | 1.08 | 1.00 | 1.00 |
+  | head | 5 | 45.8 | 28.1 | 0.61 | 1.84 | 1.05 |
+  | head | 9 | 55.1 | 37.3 | 0.68 | 2.22 | 1.40 |
 
   .venv/bin/python benchmarks/skinny_matmul.py [--rows=1,2,3,5,9,16] [--repeats=10]
 """

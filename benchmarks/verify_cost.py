@@ -24,9 +24,12 @@ ran at that speed after the step's weight reads (no overlap):
 1 + (n - 1) * F / (speed * decode time). A kernel that overlaps the two can go
 lower, and the skinny-matmul kernel does.
 
-Before the kernel, on the AVX-512 EPYC of 3 December 2026 (165 GFLOP/s, a 48
-ms step), XLA's kernels cost 1.83 decode steps at 5 positions and 2.61 at 9,
-against 1.27 and 1.54 at peak without overlap.
+On the 2-core AVX-512 EPYC of 3 December 2026 (191 GFLOP/s, a 47 ms step), at
+batch 1: 5 positions cost 1.13 decode steps with the kernel and 1.69 with
+XLA's, 9 positions 1.57 and 2.18, against 1.24 and 1.48 at peak without
+overlap (an earlier run: 1.44 / 1.77 and 1.58 / 2.41). At batch 4 a call over
+5 positions is 20 rows, past the kernel's 16, so both forms run XLA's kernels
+there, and the two columns differ by the machine's noise alone (1.88 / 2.31).
 
   .venv/bin/python benchmarks/verify_cost.py [--widths=1,3,5,9] [--batches=1,4] [--rounds=3]
 """

@@ -4,10 +4,11 @@ A decode step multiplies one row by each of the target's matrices and a verify
 call gamma + 1 rows; both read every weight once, so on a CPU both should cost
 about the same. XLA:CPU's kernels do not overlap the reads with the arithmetic
 on such skinny products: on a 2-core Zen 4 EPYC the 270M's tied head
-(262,144 x 640) took 40-47 ms at 5 rows and 49-57 ms at 9 against 22-26 ms at
-one (benchmarks/skinny_matmul.py). `skinny_matmul.cc` streams the matrix once
-with a prefetch ahead of the arithmetic, on XLA's own thread pool: 30-31 ms at
-5 rows and 33 ms at 9, and as fast as XLA's GEMV at one.
+(262,144 x 640) took 45.8 ms at 5 rows and 55.1 ms at 9 against 24.9 ms at
+one (benchmarks/skinny_matmul.py, one run). `skinny_matmul.cc` streams the
+matrix once with a prefetch ahead of the arithmetic, on XLA's own thread pool:
+28.1 ms at 5 rows, 37.3 at 9 and 26.7 at one; the body's 18 layers 24.3 ms at
+5 rows against 27.6 (18.5 and 17.5 at one).
 
 Each output element is summed in the same order whatever the number of rows,
 so row n of a product equals the product of row n alone, bit for bit (the

@@ -387,10 +387,11 @@ def head_logits(x_BxRxD: Array, table_VxD: Array) -> Array:
 
   On CPU a float32 table and up to 16 rows take the skinny-matmul kernel
   (through `linear`). Past that, or where the kernel is not built, for 2 to 64
-  rows (a verify call's gamma + 1 positions, a small batch of them) it is written as an elementwise product reduced over D, which XLA
-  emits as one fused pass over the table with each row's D values kept in
-  cache, instead of a call to its general matmul, which is slow on a
-  262,144 x 640 by 640 x 5 product. Measured on a 2-core AVX-512 EPYC, the
+  rows (a verify call's gamma + 1 positions, a small batch of them) it is
+  written as an elementwise product reduced over D, which XLA emits as one
+  fused pass over the table with each row's D values kept in cache, instead
+  of a call to its general matmul, which is slow on a 262,144 x 640 by
+  640 x 5 product. Measured on a 2-core AVX-512 EPYC, the
   head alone: at 5 rows 26-30 ms against 34-45 ms, at 9 rows 33-36 against
   42-58 (three runs). In a whole verify call of the 270M the gain is smaller
   and noisy: over 5 positions 1.62 against 1.86 decode steps in one run, 1.67
@@ -400,11 +401,12 @@ def head_logits(x_BxRxD: Array, table_VxD: Array) -> Array:
   """
   b, r, d = x_BxRxD.shape
   rows = b * r
-  if skinny_matmul_lib.applies(rows, x_BxRxD.astype(jnp.float32), table_VxD):
-    return linear(x_BxRxD.astype(jnp.float32), table_VxD, out_dtype=jnp.float32)
+  x32_BxRxD = x_BxRxD.astype(jnp.float32)
+  if skinny_matmul_lib.applies(rows, x32_BxRxD, table_VxD):
+    return linear(x32_BxRxD, table_VxD, out_dtype=jnp.float32)
   if jax.default_backend() != 'cpu' or not 1 < rows <= _CPU_HEAD_REDUCE_MAX_ROWS:
     return linear(x_BxRxD, table_VxD, out_dtype=jnp.float32)
-  x_NxD = x_BxRxD.reshape(rows, d).astype(jnp.float32)
+  x_NxD = x32_BxRxD.reshape(rows, d)
   y_VxN = jnp.sum(table_VxD.astype(jnp.float32)[:, None, :] * x_NxD[None], axis=-1)
   return y_VxN.T.reshape(b, r, table_VxD.shape[0])
 

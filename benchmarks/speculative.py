@@ -18,13 +18,17 @@ model and flags:
      tokens/s of the same batch size.
 
 Methods are `ngram@G` (fixed: gamma G drafts verified every step) and
-`ngram~G` (adaptive: up to G, by evidence and measured costs); `ngram~G/T` sets
-the adaptive policy's finish_softness to T tokens (`inf`: the mean over rows,
+`ngram~G` (adaptive: up to G, by evidence and measured costs, over the default
+widths 0, about G / 2 and G); `ngram~G:0-1-2-G` sets the widths the adaptive
+policy chooses among (each one a branch of the compiled program);
+`ngram~G/T` sets its finish_softness to T tokens (`inf`: the mean over rows,
 the rule before the finishing time counted), and `ngram~G/T/S` its
 outcome_samples to S (0: a call valued at each row's expected tokens, the rule
 before outcomes counted), to compare them side by side.
-Compilation is excluded (each program runs once untimed first). Rows go to `<out>/rows.jsonl`
-as they are measured, and a rerun resumes from them.
+Compilation is excluded (each program runs once untimed first). Every method
+runs on a prompt, or a batch of prompts, before the next prompt or batch, so
+that the machine's drift between runs falls on all methods alike. Rows go to
+`<out>/rows.jsonl` as they are measured, and a rerun resumes from them.
 
   .venv/bin/python benchmarks/speculative.py --per_category=2 --max_new_tokens=128
 """
@@ -93,8 +97,16 @@ def _prompt_set(tokenizer):
 
 
 def _gamma(method: str) -> int:
-  """G of `ngram@G`, `ngram~G` or `ngram~G/T`."""
-  return int(method[6:].split('/')[0])
+  """G of `ngram@G`, `ngram~G`, `ngram~G:0-2-G` or `ngram~G/T`."""
+  return int(method[6:].split('/')[0].split(':')[0])
+
+
+def _buckets(method: str) -> tuple[int, ...]:
+  """The widths of an adaptive method: `ngram~G:0-2-G`'s, else the default ones."""
+  spec = method.split('/')[0]
+  if ':' not in spec:
+    return draft_length.default_buckets(_gamma(method))
+  return tuple(int(n) for n in spec.split(':')[1].split('-'))
 
 
 class Methods:
@@ -122,7 +134,7 @@ class Methods:
     softness = float(parts[1]) if len(parts) > 1 else draft_length.Policy.finish_softness
     samples = int(parts[2]) if len(parts) > 2 else draft_length.Policy.outcome_samples
     batch, slots = packed.tokens_BxS.shape
-    buckets = draft_length.default_buckets(gamma)
+    buckets = _buckets(method)
     costs = tuple(max(1.0, self.seconds(n + 1, batch, slots) / self.seconds(1, batch, slots))
                   for n in buckets)
     logging.info('costs %s at batch %d, %d slots: %s', buckets, batch, slots, costs)
@@ -180,8 +192,8 @@ def main(argv):
   for b in (int(x) for x in BATCH_SIZES.value):
     if b == 1:
       continue
-    for method in ['autoregressive'] + BATCH_METHODS.value:
-      jobs += [(b, method, chosen[i:i + b]) for i in range(0, len(chosen) - b + 1, b)]
+    jobs += [(b, method, chosen[i:i + b]) for i in range(0, len(chosen) - b + 1, b)
+             for method in ['autoregressive'] + BATCH_METHODS.value]
   with open(rows_path, 'a', encoding='utf-8') as out:
     for n, (batch, method, ps) in enumerate(jobs):
       key = f'{batch}|{method}|{"+".join(p.id for p in ps)}'
@@ -312,22 +324,33 @@ def adaptive_table(rows, chosen, methods) -> str:
 
 def batch_table(rows) -> str:
   by = collections.defaultdict(lambda: [0, 0.0])
+  wall = {}   # (batch, method, prompts) -> seconds
   for r in rows.values():
     by[(r['batch'], r['method'])][0] += sum(r['new_tokens'])
     by[(r['batch'], r['method'])][1] += r['wall_s']
+    wall[(r['batch'], r['method'], '+'.join(r['prompt_ids']))] = r['wall_s']
   sizes = sorted({b for b, _ in by})
   methods = sorted({m for _, m in by if m != 'autoregressive'})
   lines = ['Batch sizes: tokens/s of each method over autoregressive tokens/s at the same batch '
-           'size (total new tokens / total wall time):', '',
-           '| batch | autoregressive tok/s | ' + ' | '.join(methods) + ' |',
-           '|---|---|' + '---|' * len(methods)]
+           'size (total new tokens / total wall time), and in brackets the lowest and highest '
+           'of that ratio over the batches of prompts:', '',
+           '| batch | batches | autoregressive tok/s | ' + ' | '.join(methods) + ' |',
+           '|---|---|---|' + '---|' * len(methods)]
   for b in sizes:
     if (b, 'autoregressive') not in by:
       continue
     ar = by[(b, 'autoregressive')][0] / by[(b, 'autoregressive')][1]
-    cells = [f'{by[(b, m)][0] / by[(b, m)][1] / ar:.2f}x' if (b, m) in by else '-'
-             for m in methods]
-    lines.append(f'| {b} | {ar:.1f} | ' + ' | '.join(cells) + ' |')
+    chunks = [k for (bb, m, k) in wall if bb == b and m == 'autoregressive']
+    cells = []
+    for m in methods:
+      if (b, m) not in by:
+        cells.append('-')
+        continue
+      each = [wall[(b, 'autoregressive', k)] / wall[(b, m, k)] for k in chunks
+              if (b, m, k) in wall]
+      cells.append(f'{by[(b, m)][0] / by[(b, m)][1] / ar:.2f}x '
+                   f'({min(each):.2f}-{max(each):.2f})')
+    lines.append(f'| {b} | {len(chunks)} | {ar:.1f} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
 

@@ -23,4 +23,17 @@ def describe() -> str:
   except OSError:
     pass
   shown = [f for f in _FLAGS_OF_INTEREST if f in flags]
-  return f'CPU: {model}, {os.cpu_count()} cores, flags: {" ".join(shown) or "unknown"}'
+  line = f'CPU: {model}, {os.cpu_count()} cores, flags: {" ".join(shown) or "unknown"}'
+  return line + _narrowed()
+
+
+def _narrowed() -> str:
+  """A second line where this run uses less of the CPU than it has: XLA's code
+  generation capped (`--xla_cpu_max_isa`) or specjax's kernels built for an older
+  target ($SPECJAX_CPU_KERNELS_MARCH), as when measuring an AVX2-only build on an
+  AVX-512 machine. Runtime-dispatched libraries are not capped, nor the memory system."""
+  caps = [f for f in os.environ.get('XLA_FLAGS', '').split() if f.startswith('--xla_cpu_max_isa')]
+  march = os.environ.get('SPECJAX_CPU_KERNELS_MARCH', '').strip()
+  if march:
+    caps.append(f'specjax kernels built with -march={march}')
+  return '\nnarrowed: ' + ', '.join(caps) if caps else ''

@@ -115,6 +115,19 @@ def test_the_build_is_cached_by_what_decides_its_bits(tmp_path):
   assert built == path and path.stat().st_size > 0
 
 
+def test_another_march_is_passed_to_the_compiler_and_named_apart(tmp_path, monkeypatch):
+  recorder = tmp_path / 'c++'
+  recorder.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\nexit 1\n')
+  recorder.chmod(0o755)
+  native = build.library_path('skinny_matmul', str(recorder), tmp_path)
+  monkeypatch.setenv(build.MARCH_ENV, 'haswell')
+  assert build.library_path('skinny_matmul', str(recorder), tmp_path) != native
+  with pytest.raises(build.KernelBuildError):
+    build.compile_library('skinny_matmul', str(recorder), tmp_path / 'k.so')
+  args = (tmp_path / 'args').read_text().split()
+  assert '-march=haswell' in args and '-march=native' not in args
+
+
 _WITHOUT_KERNEL = '''
 import jax, jax.numpy as jnp
 from absl import logging

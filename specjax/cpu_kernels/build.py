@@ -3,7 +3,8 @@
 A kernel is one .cc file beside this one, built against the XLA FFI headers
 that ship with jaxlib (`jax.ffi.include_dir()`) by the system's C++ compiler
 (`$CXX`, else c++, g++ or clang++) with -O3 -march=native -ffp-contract=off, and registered as a
-CPU FFI target. Building takes a few seconds, so the library is kept in
+CPU FFI target. `$SPECJAX_CPU_KERNELS_MARCH` replaces `native` (`haswell`
+builds what an AVX2-only CPU gets, to measure it on a newer one). Building takes a few seconds, so the library is kept in
 `<cache dir>/cpu-kernels/` ($SPECJAX_CACHE_DIR, else ~/.cache/specjax), named
 by a hash of everything that decides its bits: the source, the flags, the
 compiler's version, jaxlib's version and this CPU's model and feature flags (a
@@ -34,13 +35,20 @@ import jaxlib
 
 DISABLE_ENV = 'SPECJAX_CPU_KERNELS'
 CXX_ENV = 'CXX'
+MARCH_ENV = 'SPECJAX_CPU_KERNELS_MARCH'
 SUBDIR = 'cpu-kernels'
-FLAGS = ('-O3', '-march=native', '-std=gnu++17', '-ffp-contract=off', '-shared', '-fPIC')
+_FLAGS = ('-O3', '-std=gnu++17', '-ffp-contract=off', '-shared', '-fPIC')
 _SOURCE_DIR = Path(__file__).resolve().parent
 
 
 class KernelBuildError(RuntimeError):
   """A kernel could not be compiled or loaded; the message says why."""
+
+
+def flags() -> tuple[str, ...]:
+  """The compiler flags: -march=native unless $SPECJAX_CPU_KERNELS_MARCH names another target."""
+  march = os.environ.get(MARCH_ENV, '').strip() or 'native'
+  return (f'-march={march}',) + _FLAGS
 
 
 def enabled() -> bool:
@@ -76,7 +84,7 @@ def library_path(name: str, cxx: str, cache_dir: Path | None = None) -> Path:
   """Where the build of kernel `name` by `cxx` for this CPU and jaxlib lives."""
   source = (_SOURCE_DIR / f'{name}.cc').read_bytes()
   key = hashlib.sha256()
-  for part in (source, ' '.join(FLAGS).encode(), _compiler_version(cxx).encode(),
+  for part in (source, ' '.join(flags()).encode(), _compiler_version(cxx).encode(),
                jaxlib.__version__.encode(), platform.machine().encode(), _cpu_fingerprint().encode()):
     key.update(hashlib.sha256(part).digest())
   from specjax.checkpoints import weight_cache  # pylint: disable=g-import-not-at-top (models import this)
@@ -88,7 +96,7 @@ def compile_library(name: str, cxx: str, out: Path) -> Path:
   """Builds `<name>.cc` into `out`, atomically; raises KernelBuildError with the compiler's words."""
   out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
   tmp = out.with_name(f'.{out.name}.{uuid.uuid4().hex}.tmp')
-  cmd = [cxx, *FLAGS, '-I', jax.ffi.include_dir(), str(_SOURCE_DIR / f'{name}.cc'), '-o', str(tmp)]
+  cmd = [cxx, *flags(), '-I', jax.ffi.include_dir(), str(_SOURCE_DIR / f'{name}.cc'), '-o', str(tmp)]
   try:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   except (OSError, subprocess.TimeoutExpired) as e:

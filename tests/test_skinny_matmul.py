@@ -74,8 +74,8 @@ def _custom_calls(fn, *args) -> str:
 
 
 @pytest.mark.parametrize('rows,dtype,takes_kernel', [
-    (1, jnp.float32, True), (16, jnp.float32, True), (17, jnp.float32, False),
-    (4, jnp.bfloat16, False)])
+    (1, jnp.float32, False), (2, jnp.float32, True), (16, jnp.float32, True),
+    (17, jnp.float32, False), (4, jnp.bfloat16, False)])
 def test_linear_takes_the_kernel_for_few_float32_rows(rows, dtype, takes_kernel):
   x_1xTxI = jnp.ones((1, rows, 32), dtype)
   w_OxI = jnp.ones((24, 32), dtype)
@@ -85,15 +85,17 @@ def test_linear_takes_the_kernel_for_few_float32_rows(rows, dtype, takes_kernel)
   np.testing.assert_allclose(np.asarray(got, np.float32), 32.0)
 
 
-def test_the_head_at_5_positions_equals_each_position_alone():
-  # The tied head at 5 positions against each position alone, through gemma.
+def test_the_head_at_5_positions_equals_each_position_in_a_call_of_2():
+  # The tied head at 5 positions against each position beside another one, through
+  # gemma (a single row is XLA's: MIN_ROWS).
   rng = np.random.default_rng(2)
   table_VxD = jnp.asarray(rng.normal(size=(5000, 64)).astype(np.float32))
   x_1x5xD = jnp.asarray(rng.normal(size=(1, 5, 64)).astype(np.float32))
   head = jax.jit(gemma.head_logits)
   together = np.asarray(head(x_1x5xD, table_VxD))
   for t in range(5):
-    assert np.array_equal(together[0, t], np.asarray(head(x_1x5xD[:, t:t + 1], table_VxD))[0, 0])
+    pair_1x2xD = x_1x5xD[:, [t, (t + 1) % 5]]
+    assert np.array_equal(together[0, t], np.asarray(head(pair_1x2xD, table_VxD))[0, 0])
 
 
 def test_a_failed_build_names_the_compiler_and_its_error(tmp_path):

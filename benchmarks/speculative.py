@@ -50,7 +50,6 @@ import numpy as np
 
 from specjax import checkpoints
 from specjax import compile_cache
-from specjax import sampling
 from specjax.checkpoints import embedded
 from specjax.decoding import autoregressive, draft_length, program, speculative, step_costs
 from specjax.drafters import make_drafter
@@ -117,6 +116,18 @@ class Methods:
     self.ngram = make_drafter('ngram', target=model)
     self._seconds = {}
     self.compiled = set()
+    self._batch = None
+
+  def batch_size(self, batch):
+    """Drops every compiled program when the batch size changes. Each one stays
+    mapped in memory while jax keeps it, and a run of every method at every
+    batch size went past the kernel's limit of memory maps (65,530; LLVM:
+    'Cannot allocate memory'); programs of another batch size are not needed
+    again. The next run of each program is then its untimed first one again."""
+    if batch != self._batch:
+      jax.clear_caches()
+      self.compiled.clear()
+      self._batch = batch
 
   def seconds(self, width, batch, slots):
     """Seconds of a target call over `width` positions (memoised per shape)."""
@@ -199,6 +210,7 @@ def main(argv):
       key = f'{batch}|{method}|{"+".join(p.id for p in ps)}'
       if key in rows or REPORT_ONLY.value:
         continue
+      runner.batch_size(batch)
       result, packed = runner.run(method, [ids[p.id] for p in ps],
                                   [zlib.crc32(p.id.encode()) for p in ps])
       row = dict(key=key, batch=batch, method=method, prompt_ids=[p.id for p in ps],

@@ -53,9 +53,9 @@ REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs; each figure is the be
 
 
 def compiled(fn, args, kernel_rows: int):
-  """fn compiled with the kernel taking products of 1 to `kernel_rows` rows (0: none);
-  the product itself leaves a single row to XLA (`skinny_matmul.MIN_ROWS`), timed here
-  on both all the same."""
+  """fn compiled with the kernel taking products of 1 to `kernel_rows` rows (0: none).
+  The model leaves a single row to XLA (`skinny_matmul.MIN_ROWS`); this benchmark
+  times the kernel on it too, beside XLA."""
   saved = skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS
   skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS = 1, kernel_rows
   jax.clear_caches()  # the row limit is read when fn is traced, and traces are cached

@@ -14,6 +14,7 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from specjax.decoding import draft_length
@@ -104,14 +105,35 @@ def test_only_the_chosen_width_is_drafted(name):
 
 
 def test_a_steps_cost_holds_drafting_for_costly_drafters_only(monkeypatch):
-  monkeypatch.setattr(step_costs, 'seconds_per_call', lambda model, params, width, **_: width)
-  monkeypatch.setattr(step_costs, 'seconds_per_draft',
-                      lambda drafter, model, params, gamma, **_: 0.5 * gamma)
+  # A call over w positions takes w seconds, drafting g tokens 0.5 g.
+  monkeypatch.setattr(step_costs, '_best_of', lambda runs: {
+      (kind, n): n if kind == 'call' else 0.5 * n for kind, n in runs})
   measure = lambda drafter: step_costs.measure(TARGET, TARGET_PARAMS, BUCKETS, batch=1,  # noqa: E731
                                                num_slots=64, drafter=drafter)
   assert measure(DRAFTERS['early_exit']) == (1.0, 3.0 + 1.0, 4.0 + 1.5)
   assert measure(DRAFTERS['ngram']) == (1.0, 3.0, 4.0)
   assert measure(None) == (1.0, 3.0, 4.0)
+
+
+def test_every_program_is_timed_once_per_round_and_its_best_round_kept(monkeypatch):
+  """A slow spell of the machine must fall on every width alike: programs are
+  compiled first, then timed in rounds that run each of them once, in turn."""
+  clock, calls = [0.0], []
+
+  class Run:
+    def __init__(self, key, seconds):
+      self.key, self.seconds = key, list(seconds)
+
+    def __call__(self):
+      calls.append(self.key)
+      clock[0] += self.seconds.pop(0)
+      return jnp.zeros(())
+
+  monkeypatch.setattr(step_costs.time, 'perf_counter', lambda: clock[0])
+  runs = {'a': Run('a', [9, 4, 2, 3]), 'b': Run('b', [9, 8, 6, 7])}
+  best = step_costs._best_of(runs)  # pylint: disable=protected-access
+  assert calls == ['a', 'b'] + ['a', 'b'] * step_costs._REPEATS  # pylint: disable=protected-access
+  assert best == {'a': 2 / step_costs._STEPS, 'b': 6 / step_costs._STEPS}  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize('name', COSTLY)

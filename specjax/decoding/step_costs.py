@@ -9,8 +9,14 @@ holds drafting its n tokens: the loop chooses the width before drafting, so
 a plain step saves the draft too (an EAGLE layer on a 16k head is a few
 hundredths of a decode step; the target's own layers with a small head more
 than half of one). Each width is one jitted loop of calls over a cache of
-the batch's shape, timed after a compile-and-warm-up run (the minimum of a
-few repeats). Drafting is timed from a state that the drafter's `init` made
+the batch's shape, timed after a compile-and-warm-up run: the minimum of a
+few rounds, each round timing every program once in turn, so that a slow
+spell of the machine (another process, a frequency change) falls on all of
+them alike and not on one width alone. (Timed one program after the other, a
+sweep's first measurement gave 1.58 decode steps for a call over 3 positions
+and 1.59 over 5 at 896 cache slots; the same calls measured a few minutes
+later gave 1.07 and 1.24, and a policy holding the first figures drafts too
+little.) Drafting is timed from a state that the drafter's `init` made
 from a zero prompt: its cost depends on shapes, not on values.
 """
 
@@ -46,10 +52,14 @@ def _calls(model, params, *, width: int, batch: int, num_slots: int):
   return jax.lax.fori_loop(0, _STEPS, body, (cache, jnp.float32(0)))[1]
 
 
+def _call_run(model, params, width: int, *, batch: int, num_slots: int):
+  return functools.partial(_calls, model, params, width=width, batch=batch, num_slots=num_slots)
+
+
 def seconds_per_call(model, params, width: int, *, batch: int, num_slots: int) -> float:
   """Seconds of one target call over `width` positions per row (best of a few)."""
-  return _best_of(functools.partial(_calls, model, params, width=width, batch=batch,
-                                    num_slots=num_slots))
+  return _best_of({'call': _call_run(model, params, width, batch=batch,
+                                     num_slots=num_slots)})['call']
 
 
 @functools.partial(jax.jit, static_argnames=('drafter', 'model', 'sampling', 'gamma', 'batch',
@@ -85,14 +95,18 @@ def _proposals(drafter: Drafter, model, drafter_params, params, *, sampling, gam
   return jax.lax.fori_loop(0, _STEPS, body, (state, cache, jnp.int32(0)))[2]
 
 
-def _best_of(run) -> float:
-  run().block_until_ready()
-  best = float('inf')
-  for _ in range(_REPEATS):
-    start = time.perf_counter()
+def _best_of(runs: dict) -> dict:
+  """Seconds per step of each program: warmed up (compiled) first, then the best of
+  `_REPEATS` rounds that each time every program once, in turn."""
+  for run in runs.values():
     run().block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return best / _STEPS
+  best = dict.fromkeys(runs, float('inf'))
+  for _ in range(_REPEATS):
+    for key, run in runs.items():
+      start = time.perf_counter()
+      run().block_until_ready()
+      best[key] = min(best[key], time.perf_counter() - start)
+  return {key: seconds / _STEPS for key, seconds in best.items()}
 
 
 def seconds_per_draft(drafter: Drafter, model, params, gamma: int, *, batch: int,
@@ -100,9 +114,14 @@ def seconds_per_draft(drafter: Drafter, model, params, gamma: int, *, batch: int
                       sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig()
                       ) -> float:
   """Seconds of one `propose` of `gamma` drafts per row (best of a few)."""
-  return _best_of(functools.partial(_proposals, drafter, model, drafter.params, params,
-                                    sampling=sampling, gamma=gamma, batch=batch,
-                                    num_slots=num_slots))
+  return _best_of({'draft': _draft_run(drafter, model, params, gamma, batch=batch,
+                                       num_slots=num_slots, sampling=sampling)})['draft']
+
+
+def _draft_run(drafter: Drafter, model, params, gamma: int, *, batch: int, num_slots: int,
+               sampling: sampling_lib.SamplingConfig):
+  return functools.partial(_proposals, drafter, model, drafter.params, params,
+                           sampling=sampling, gamma=gamma, batch=batch, num_slots=num_slots)
 
 
 def measure(model, params, buckets: Sequence[int], *, batch: int, num_slots: int,
@@ -112,17 +131,17 @@ def measure(model, params, buckets: Sequence[int], *, batch: int, num_slots: int
   """Relative cost of a step verifying n drafts, for each n in `buckets` (n = 0,
   a plain step, is 1.0); with a `drafter` whose drafts are costly, drafting the
   n tokens included."""
-  base = seconds_per_call(model, params, 1, batch=batch, num_slots=num_slots)
-  costs = []
+  drafts = drafter is not None and drafter.costly_drafts
+  runs = {('call', 1): _call_run(model, params, 1, batch=batch, num_slots=num_slots)}
   for n in buckets:
-    if n == 0:
-      costs.append(1.0)
-      continue
-    verify = max(1.0, seconds_per_call(model, params, n + 1, batch=batch,
-                                       num_slots=num_slots) / base)
-    draft = 0.0
-    if drafter is not None and drafter.costly_drafts:
-      draft = seconds_per_draft(drafter, model, params, n, batch=batch, num_slots=num_slots,
-                                sampling=sampling) / base
-    costs.append(verify + draft)
-  return tuple(costs)
+    if n:
+      runs['call', n + 1] = _call_run(model, params, n + 1, batch=batch, num_slots=num_slots)
+      if drafts:
+        runs['draft', n] = _draft_run(drafter, model, params, n, batch=batch,
+                                      num_slots=num_slots, sampling=sampling)
+  seconds = _best_of(runs)
+  base = seconds['call', 1]
+  return tuple(1.0 if n == 0 else
+               max(1.0, seconds['call', n + 1] / base) + (seconds['draft', n] / base if drafts
+                                                         else 0.0)
+               for n in buckets)

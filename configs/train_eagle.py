@@ -33,8 +33,10 @@ def get_config(arg=None):
   c.target = 'embedded:gemma3-270m'   # the frozen target it drafts for
   c.drafter = 'eagle'
   # steps: drafts ahead the training-time test scores (the chain length it learns);
-  # hidden_layers: () = EAGLE-3's low / middle / high layers of the target.
-  c.eagle = dict(steps=4, mlp_width=1024, hidden_layers=())
+  # hidden_layers: () = EAGLE-3's low / middle / high layers of the target;
+  # soft_labels: J > 0 scores each step on the target's J likeliest next tokens
+  # (distillation), 0 on the one token the sequence holds.
+  c.eagle = dict(steps=4, mlp_width=1024, hidden_layers=(), soft_labels=0)
   c.draft_vocab = 'embedded'          # the ranked file shipped for the embedded 270M
   c.draft_vocab_size = 16384          # its first N (most frequent) tokens
   # Half the rows start from a calibration prompt (specjax/prompts/calibration.jsonl: code,

@@ -81,6 +81,53 @@ def test_training_steps_lower_the_loss_on_a_fixed_batch(drafter, loss):
   assert losses[-1] < 0.7 * losses[0], losses
 
 
+def test_soft_labels_are_the_targets_likeliest_draft_tokens_at_each_position():
+  """The teacher pass's soft labels are the top J of the target's own next-token
+  distribution over the draft vocabulary's rows, renormalized: computed here from a
+  full forward's logits over the whole vocabulary."""
+  tokens, _, _ = distill_data.make_shard(TARGET, TARGET_PARAMS, recipe(), 0)
+  ids_N = jnp.asarray(np.random.default_rng(0).permutation(TARGET.config.vocab_size)[:40])
+  head_NxD = medusa.head_matrix(TARGET_PARAMS, ids_N)
+  teacher = trainer.teacher_pass(TARGET, TARGET_PARAMS, tokens, (1,), 3, head_NxD=head_NxD,
+                                 soft_labels=5)
+  np.testing.assert_array_equal(
+      teacher.features_NxLxF, trainer.target_features(TARGET, TARGET_PARAMS, tokens, (1,), 3))
+  batch, length = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+  logits_BxLxV = TARGET.forward(TARGET_PARAMS, jnp.asarray(tokens), positions,
+                                TARGET.init_cache(batch, length)).logits_BxRxV
+  probs_BxLxN = jax.nn.softmax(logits_BxLxV[..., ids_N], axis=-1)
+  top_BxLxJ = np.argsort(-np.asarray(probs_BxLxN), axis=-1, kind='stable')[..., :5]
+  np.testing.assert_array_equal(teacher.soft.rows_BxLxJ, top_BxLxJ)
+  expected = np.take_along_axis(np.asarray(probs_BxLxN), top_BxLxJ, axis=-1)
+  np.testing.assert_allclose(teacher.soft.probs_BxLxJ,
+                             expected / expected.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+  assert teacher.soft.probs_BxLxJ.shape == (batch, length, 5)
+
+
+def test_an_eagle_layer_trained_on_soft_labels_lowers_its_loss_and_needs_them():
+  tokens, lengths, _ = distill_data.make_shard(TARGET, TARGET_PARAMS, recipe(), 0)
+  cfg = config(pathlib.Path('/unused'), drafter='eagle', steps=40, warmup_steps=1,
+               eagle=dict(steps=3, mlp_width=32, soft_labels=4))
+  goal = trainer.make_objective(cfg, TARGET.config)
+  tx = trainer.optimizer(cfg)
+  params = goal.init(jax.random.key(0), TARGET_PARAMS)
+  opt_state = tx.init(params)
+  frozen = goal.frozen(TARGET_PARAMS, None)
+  teacher = trainer.teacher_pass(TARGET, TARGET_PARAMS, tokens, goal.hidden_layers, 4,
+                                 head_NxD=frozen['head_NxD'], soft_labels=4)
+  features, soft = teacher.rows(slice(None))
+  losses = []
+  for _ in range(30):
+    params, opt_state, loss, _ = trainer._train_step(  # pylint: disable=protected-access
+        params, opt_state, frozen, jnp.asarray(features), jnp.asarray(tokens),
+        jnp.asarray(lengths), None, soft, objective=goal, tx=tx)
+    losses.append(float(loss))
+  assert losses[-1] < 0.7 * losses[0], losses
+  with pytest.raises(ValueError, match='scores on 4 soft labels, and was given none'):
+    goal.loss(params, frozen, jnp.asarray(features), jnp.asarray(tokens), jnp.asarray(lengths))
+
+
 def test_labels_are_the_tokens_two_and_more_ahead_inside_the_sequence_and_vocabulary():
   tokens = jnp.asarray([[5, 6, 7, 8, 9, 0]])
   index_V = objective.draft_index(jnp.asarray([7, 8, 9, 6]), 16)   # 5 is not in it
@@ -320,6 +367,8 @@ def test_a_drafter_checkpoint_for_another_target_or_damaged_is_refused(tmp_path)
     ('eagle', {'stepz': 2}, 'config.eagle has unknown key'),
     ('eagle', {'steps': 0}, 'config.eagle.steps must be >= 1'),
     ('eagle', {'mlp_width': 2.5}, 'config.eagle.mlp_width must be'),
+    ('eagle', {'soft_labels': -1}, 'config.eagle.soft_labels must be in \\[0, draft_vocab_size'),
+    ('eagle', {'soft_labels': 1.5}, 'config.eagle.soft_labels must be'),
     ('heldout_shards', 3, 'must leave training shards'),
     ('warmup_steps', 8, 'warmup_steps must be in'),
     ('num_heads', 0, 'num_heads must be >= 1'),

@@ -12,17 +12,28 @@ Medusa-1 weights heads; targets outside the draft vocabulary are left out of
 the loss (decoding cannot draft them). The target's embedding and head are
 frozen; only the layer trains.
 
+With `soft_labels` = J > 0 a step is scored on the target's own distribution
+over the next token instead of the one token the sequence holds: the J most
+likely rows of the draft vocabulary under the target at that position,
+renormalized (`SoftLabels`, computed in the same teacher-forced pass as the
+features). That is knowledge distillation: each position teaches the whole
+ranking, not one sample of it, and on the sampled shards the drafter learns
+the target's likeliest token (what greedy verification accepts) rather than
+the token a temperature-1 draw happened to pick. Accuracy and the held-out
+figure still count the sequence's own tokens.
+
 `correct_BxLxK` (step k's guess right at chain t) feeds the same held-out
 mean-accepted-tokens figure as Medusa's: a chain of K drafts accepted while
 every step so far was right.
 
 Shapes: B batch, L sequence, F fused feature width (layers x D), D width,
-K steps, N draft vocabulary, V vocabulary.
+K steps, N draft vocabulary, V vocabulary, J soft labels per position.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +47,14 @@ Array = jax.Array
 STEP_DECAY = 0.8
 
 
+class SoftLabels(NamedTuple):
+  """The target's next-token distribution at each position (the token after it), cut
+  to its J likeliest draft-vocabulary rows and renormalized over them."""
+
+  rows_BxLxJ: Array    # int32 rows of the draft vocabulary
+  probs_BxLxJ: Array   # float32, summing to 1 over J
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Objective:
   """EAGLE-3's objective for a layer reading `hidden_layers` of `target`."""
@@ -46,6 +65,7 @@ class Objective:
   mlp_width: int
   kind: str = 'eagle'
   window: int | None = None  # keys farther back than this are not attended to
+  soft_labels: int = 0       # J: score on the target's J likeliest tokens (0: the sequence's)
 
   def init(self, rng: Array, target_params) -> dict[str, Array]:
     return eagle_net.init_params(self.target, len(self.hidden_layers), self.mlp_width, rng,
@@ -55,7 +75,11 @@ class Objective:
     return medusa_objective.frozen_table(target_params, vocab_ids_N, self.target.vocab_size)
 
   def loss(self, params, frozen, features_BxLxF: Array, tokens_BxL: Array, lengths_B: Array,
-           starts_B: Array | None = None) -> tuple[Array, dict[str, Array]]:
+           starts_B: Array | None = None, soft: SoftLabels | None = None
+           ) -> tuple[Array, dict[str, Array]]:
+    if (soft is None) != (self.soft_labels == 0):
+      raise ValueError(f'the objective scores on {self.soft_labels or "no"} soft labels, '
+                       f'and was given {"none" if soft is None else "some"}')
     geo = eagle_net.Geometry.of(params, self.target.rms_norm_eps, self.window)
     batch, length = tokens_BxL.shape
     num_fused = len(self.hidden_layers)
@@ -74,7 +98,12 @@ class Objective:
                                       geo.eps)
       logp = jax.nn.log_softmax(logits_BxLxN, axis=-1)
       rows = rows_BxLxK[..., k]
-      nll.append(-jnp.take_along_axis(logp, rows[..., None], axis=-1)[..., 0])
+      if soft is None:
+        nll.append(-jnp.take_along_axis(logp, rows[..., None], axis=-1)[..., 0])
+      else:  # x_{t+k+2} follows position t+k+1: the target's distribution there
+        at_L = jnp.clip(jnp.arange(length) + k + 1, 0, length - 1)
+        logq_BxLxJ = jnp.take_along_axis(logp, soft.rows_BxLxJ[:, at_L], axis=-1)
+        nll.append(-jnp.sum(soft.probs_BxLxJ[:, at_L] * logq_BxLxJ, axis=-1))
       correct.append(jnp.argmax(logits_BxLxN, axis=-1) == rows)
     nll_BxLxK = jnp.stack(nll, axis=-1)
     valid = valid_BxLxK.astype(jnp.float32)

@@ -4,7 +4,8 @@
 `distill_data`), the target's features for every sequence (one teacher-forced
 pass, computed once per run and held in memory: on a CPU that pass costs
 more than the drafter's whole update, so recomputing it every step would
-dominate), the drafter's objective (`medusa_objective`, `eagle_objective`,
+dominate; for EAGLE with `soft_labels` the same pass keeps the target's
+likeliest next tokens at every position), the drafter's objective (`medusa_objective`, `eagle_objective`,
 `distilled_objective`), AdamW with linear warm-up and cosine decay and
 gradient clipping, and an Orbax checkpoint every `checkpoint_every` steps of
 the drafter's weights and the optimizer state (the last `keep` kept). A killed run
@@ -29,7 +30,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from absl import logging
 import jax
@@ -44,6 +45,7 @@ from specjax.drafters import draft_vocab as draft_vocab_lib
 from specjax.drafters import eagle_net
 from specjax.experiments import tiny
 from specjax.experiments.config import TINY_RANDOM
+from specjax.models import gemma
 from specjax.models import language_model
 from specjax.training import distill_data
 from specjax.training import distilled_objective
@@ -51,7 +53,8 @@ from specjax.training import eagle_objective
 from specjax.training import medusa_objective
 
 TRAINABLE = ('medusa', 'eagle', 'distilled')
-EAGLE_KEYS = {'steps': int, 'mlp_width': int, 'hidden_layers': (tuple, list)}
+EAGLE_KEYS = {'steps': int, 'mlp_width': int, 'hidden_layers': (tuple, list),
+              'soft_labels': int}
 DISTILLED_KEYS = {'layers': int, 'loss': str}
 
 
@@ -60,8 +63,9 @@ class TrainConfig:
   """One training run; see configs/train_medusa.py, train_eagle.py and train_distilled.py
   for what each key means. `num_heads` is Medusa's; `eagle` holds the EAGLE layer's
   settings (steps: training-time-test depth, mlp_width, hidden_layers: () = EAGLE-3's
-  three); `distilled` the distilled student's (layers: the target's first blocks it
-  starts from, loss: 'tv' or 'kl')."""
+  three, soft_labels: J > 0 scores on the target's J likeliest tokens); `distilled` the
+  distilled student's (layers: the target's first blocks it starts from, loss: 'tv' or
+  'kl')."""
 
   target: str
   drafter: str
@@ -113,6 +117,10 @@ class TrainConfig:
     for key in ('steps', 'mlp_width'):
       if self.eagle.get(key, 1) < 1:
         raise ValueError(f'config.eagle.{key} must be >= 1, got {self.eagle[key]}')
+    soft_labels = self.eagle.get('soft_labels', 0)
+    if soft_labels < 0 or (self.draft_vocab and soft_labels > self.draft_vocab_size):
+      raise ValueError(f'config.eagle.soft_labels must be in [0, draft_vocab_size = '
+                       f'{self.draft_vocab_size}], got {soft_labels}')
     unknown = sorted(set(self.distilled) - set(DISTILLED_KEYS))
     if unknown:
       raise ValueError(f'config.distilled has unknown key(s) {unknown}; known: '
@@ -175,43 +183,79 @@ def make_objective(cfg: TrainConfig, target_config):
                      f'target, 0 .. {target_config.num_layers - 1}')
   return eagle_objective.Objective(target_config, tuple(sorted(layers)),
                                    steps=cfg.eagle.get('steps', 4),
-                                   mlp_width=cfg.eagle.get('mlp_width', 1024))
+                                   mlp_width=cfg.eagle.get('mlp_width', 1024),
+                                   soft_labels=cfg.eagle.get('soft_labels', 0))
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'hidden_layers'))
-def _features_step(target_params, tokens_BxL, *, target, hidden_layers):
+@functools.partial(jax.jit, static_argnames=('target', 'hidden_layers', 'soft_labels'))
+def _teacher_step(target_params, tokens_BxL, head_NxD, *, target, hidden_layers, soft_labels):
   batch, length = tokens_BxL.shape
   positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
   out = target.forward(target_params, tokens_BxL, positions_BxL,
                        target.init_cache(batch, max(length, 2)),
                        jnp.zeros((batch, 1), jnp.int32),  # the head at one position only
                        hidden_layers=hidden_layers)
-  if not hidden_layers:
-    return out.hidden_BxTxD
-  return jnp.concatenate(list(out.layer_hidden_LxBxTxD), axis=-1)
+  features = (out.hidden_BxTxD if not hidden_layers
+              else jnp.concatenate(list(out.layer_hidden_LxBxTxD), axis=-1))
+  if not soft_labels:
+    return features, None
+  # The target's own logits over the draft vocabulary's rows of its tied head.
+  logits_BxLxN = gemma.softcap_logits(
+      gemma.linear(out.hidden_BxTxD, head_NxD, out_dtype=jnp.float32), target.config)
+  probs_BxLxJ, rows_BxLxJ = jax.lax.top_k(jax.nn.softmax(logits_BxLxN, axis=-1), soft_labels)
+  probs_BxLxJ = probs_BxLxJ / jnp.sum(probs_BxLxJ, axis=-1, keepdims=True)
+  return features, eagle_objective.SoftLabels(rows_BxLxJ.astype(jnp.int32), probs_BxLxJ)
+
+
+class Teacher(NamedTuple):
+  """What the frozen target gives a drafter to learn from, for every sequence, on the host."""
+
+  features_NxLxF: np.ndarray
+  soft: eagle_objective.SoftLabels | None   # [N, L, J] each; None without soft labels
+
+  def rows(self, idx) -> tuple[np.ndarray, eagle_objective.SoftLabels | None]:
+    soft = None if self.soft is None else eagle_objective.SoftLabels(
+        self.soft.rows_BxLxJ[idx], self.soft.probs_BxLxJ[idx])
+    return self.features_NxLxF[idx], soft
+
+
+def teacher_pass(target, target_params, tokens_NxL: np.ndarray, hidden_layers, batch: int,
+                 what: str = '', head_NxD=None, soft_labels: int = 0) -> Teacher:
+  """One teacher-forced pass of the frozen target over every sequence: its features,
+  [N, L, F] float32 (the final-norm output with no `hidden_layers`, else the residual
+  stream after each of them, side by side), and with `soft_labels` = J its J
+  likeliest next tokens at every position among `head_NxD`'s rows."""
+  if soft_labels and (head_NxD is None or soft_labels > head_NxD.shape[0]):
+    raise ValueError(f'{soft_labels} soft labels need a draft vocabulary of at least as many '
+                     f'tokens, got {None if head_NxD is None else head_NxD.shape[0]}')
+  n = len(tokens_NxL)
+  feats, rows, probs, start = [], [], [], time.monotonic()
+  for first in range(0, n, batch):
+    chunk = tokens_NxL[first:first + batch]
+    keep = len(chunk)
+    if keep < batch:   # one compiled shape: pad the last batch
+      chunk = np.concatenate([chunk, np.zeros((batch - keep,) + chunk.shape[1:], chunk.dtype)])
+    f, soft = _teacher_step(target_params, jnp.asarray(chunk), head_NxD, target=target,
+                            hidden_layers=tuple(hidden_layers), soft_labels=soft_labels)
+    feats.append(np.asarray(f, np.float32)[:keep])
+    if soft is not None:
+      rows.append(np.asarray(soft.rows_BxLxJ)[:keep])
+      probs.append(np.asarray(soft.probs_BxLxJ)[:keep])
+    done = first + keep
+    if len(feats) % 20 == 0 or done == n:
+      spent = time.monotonic() - start
+      logging.info('features%s: %d of %d sequences (%.0f s spent, ~%.0f s left)', what, done,
+                   n, spent, spent / done * (n - done))
+  soft = (eagle_objective.SoftLabels(np.concatenate(rows), np.concatenate(probs))
+          if soft_labels else None)
+  return Teacher(np.concatenate(feats), soft)
 
 
 def target_features(target, target_params, tokens_NxL: np.ndarray, hidden_layers, batch: int,
                     what: str = '') -> np.ndarray:
-  """The frozen target's features for every sequence, [N, L, F] float32 on the host: the
-  final-norm output (no `hidden_layers`) or the residual stream after each of them,
-  side by side."""
-  n = len(tokens_NxL)
-  out, start = [], time.monotonic()
-  for first in range(0, n, batch):
-    chunk = tokens_NxL[first:first + batch]
-    if len(chunk) < batch:   # one compiled shape: pad the last batch
-      chunk = np.concatenate([chunk, np.zeros((batch - len(chunk),) + chunk.shape[1:],
-                                              chunk.dtype)])
-    feats = _features_step(target_params, jnp.asarray(chunk), target=target,
-                           hidden_layers=tuple(hidden_layers))
-    out.append(np.asarray(feats, np.float32)[:min(batch, n - first)])
-    done = first + len(out[-1])
-    if len(out) % 20 == 0 or done == n:
-      spent = time.monotonic() - start
-      logging.info('features%s: %d of %d sequences (%.0f s spent, ~%.0f s left)', what, done,
-                   n, spent, spent / done * (n - done))
-  return np.concatenate(out)
+  """The frozen target's features for every sequence, [N, L, F] float32 on the host."""
+  return teacher_pass(target, target_params, tokens_NxL, hidden_layers, batch,
+                      what).features_NxLxF
 
 
 def optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -274,10 +318,11 @@ def _data_prompts(cfg: TrainConfig) -> tuple[list[list[int]], str]:
 
 
 @functools.partial(jax.jit, static_argnames=('objective', 'tx'), donate_argnums=(0, 1))
-def _train_step(params, opt_state, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B, *,
-                objective, tx):
+def _train_step(params, opt_state, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B,
+                soft=None, *, objective, tx):
   def loss_fn(p):
-    return objective.loss(p, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B)
+    return objective.loss(p, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B,
+                          **_soft(soft))
 
   (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
   updates, opt_state = tx.update(grads, opt_state, params)
@@ -286,20 +331,31 @@ def _train_step(params, opt_state, frozen, features_BxLxF, tokens_BxL, lengths_B
 
 
 @functools.partial(jax.jit, static_argnames=('objective',))
-def _eval_step(params, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B, *, objective):
-  loss, metrics = objective.loss(params, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B)
+def _eval_step(params, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B, soft=None, *,
+               objective):
+  loss, metrics = objective.loss(params, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B,
+                                 **_soft(soft))
   run, counted = medusa_objective.accepted_run(metrics['correct_BxLxK'], lengths_B, starts_B)
   return loss, run, counted
 
 
+def _soft(soft) -> dict:
+  """The objective's soft-label argument: only EAGLE's objective takes one."""
+  return {} if soft is None else {'soft': soft}
+
+
 def evaluate(objective, params, frozen, features, data: distill_data.Sequences, batch: int
              ) -> dict[str, float]:
-  """Held-out loss and mean accepted tokens per call of a greedy chain (1 + mean run)."""
+  """Held-out loss and mean accepted tokens per call of a greedy chain (1 + mean run).
+  `features` is the features array or a `Teacher` (which also holds soft labels)."""
+  teacher = features if isinstance(features, Teacher) else Teacher(features, None)
   losses, runs, counted = [], 0, 0
   for start in range(0, len(data.tokens_NxL) - batch + 1, batch):
     part = slice(start, start + batch)
-    loss, run, n = _eval_step(params, frozen, features[part], data.tokens_NxL[part],
-                              data.lengths_N[part], data.starts_N[part], objective=objective)
+    feats, soft = teacher.rows(part)
+    loss, run, n = _eval_step(params, frozen, feats, data.tokens_NxL[part],
+                              data.lengths_N[part], data.starts_N[part], soft,
+                              objective=objective)
     losses.append(float(loss))
     runs, counted = runs + int(run), counted + int(n)
   return {'heldout_loss': float(np.mean(losses)) if losses else float('nan'),
@@ -366,10 +422,11 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   tx = optimizer(cfg)
   params = objective.init(jax.random.key(cfg.seed), target_params)
   opt_state = tx.init(params)
-  features = target_features(target, target_params, tokens, objective.hidden_layers,
-                             cfg.batch_size, ' (training)')
-  held_features = target_features(target, target_params, held.tokens_NxL, objective.hidden_layers,
-                                  cfg.batch_size, ' (held out)')
+  soft_labels = getattr(objective, 'soft_labels', 0)
+  teacher = teacher_pass(target, target_params, tokens, objective.hidden_layers, cfg.batch_size,
+                         ' (training)', frozen.get('head_NxD'), soft_labels)
+  held_teacher = teacher_pass(target, target_params, held.tokens_NxL, objective.hidden_layers,
+                              cfg.batch_size, ' (held out)', frozen.get('head_NxD'), soft_labels)
 
   manager = ocp.CheckpointManager(
       os.path.abspath(os.path.join(cfg.output_dir, 'checkpoints')),
@@ -390,10 +447,10 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   with open(metrics_path, 'a', encoding='utf-8') as metrics_file:
     while step < cfg.steps:
       idx = batch_indices(cfg.seed, step, cfg.batch_size, len(tokens))
+      feats, soft = teacher.rows(idx)
       params, opt_state, loss, accuracy_K = _train_step(
-          params, opt_state, frozen, features[idx], tokens[idx], data.lengths_N[idx],
-          data.starts_N[idx],
-          objective=objective, tx=tx)
+          params, opt_state, frozen, feats, tokens[idx], data.lengths_N[idx],
+          data.starts_N[idx], soft, objective=objective, tx=tx)
       step += 1
       record = None
       if step % cfg.log_every == 0 or step == cfg.steps:
@@ -406,7 +463,7 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
         logging.info('step %d/%d  loss %.4f  head accuracy %s  %.0f tokens/s  ~%.0f s left',
                      step, cfg.steps, record['loss'], record['accuracy_K'], rate, left)
       if step % cfg.eval_every == 0 or step == cfg.steps:
-        figures = evaluate(objective, params, frozen, held_features, held, cfg.batch_size)
+        figures = evaluate(objective, params, frozen, held_teacher, held, cfg.batch_size)
         record = {**(record or {'step': step}), **figures}
         logging.info('step %d  held out: loss %.4f, mean accepted tokens %.3f', step,
                      figures['heldout_loss'], figures['heldout_mean_accepted_tokens'])
@@ -423,7 +480,7 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   # The held-out figures are those of the weights as exported (rounded to export_dtype).
   exported = jax.tree.map(lambda x: x.astype(cfg.export_dtype), params)
   final = evaluate(objective, jax.tree.map(lambda x: x.astype(jnp.float32), exported), frozen,
-                   held_features, held, cfg.batch_size)
+                   held_teacher, held, cfg.batch_size)
   drafter_io.save_drafter(
       os.path.join(cfg.output_dir, 'drafter'), objective.kind, exported,
       target=drafter_io.target_signature(target.config, target_sha), vocab_ids_N=vocab_ids,

@@ -37,3 +37,7 @@ def _narrowed() -> str:
   if march:
     caps.append(f'specjax kernels built with -march={march}')
   return '\nnarrowed: ' + ', '.join(caps) if caps else ''
+
+
+if __name__ == '__main__':   # python benchmarks/cpu_info.py > cpu.txt, beside a sweep's tables
+  print(describe())

@@ -133,7 +133,8 @@ def test_every_program_is_timed_once_per_round_and_its_best_round_kept(monkeypat
   runs = {'a': Run('a', [9, 4, 2, 3]), 'b': Run('b', [9, 8, 6, 7])}
   best = step_costs._best_of(runs)  # pylint: disable=protected-access
   assert calls == ['a', 'b'] + ['a', 'b'] * step_costs._REPEATS  # pylint: disable=protected-access
-  assert best == {'a': 2 / step_costs._STEPS, 'b': 6 / step_costs._STEPS}  # pylint: disable=protected-access
+  steps = step_costs._STEPS  # pylint: disable=protected-access
+  assert best == {'a': 2 / steps, 'b': 6 / steps}
 
 
 @pytest.mark.parametrize('name', COSTLY)

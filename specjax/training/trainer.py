@@ -5,8 +5,8 @@
 pass, computed once per run and held in memory: on a CPU that pass costs
 more than the drafter's whole update, so recomputing it every step would
 dominate; for EAGLE with `soft_labels` the same pass keeps the target's
-likeliest next tokens at every position), the drafter's objective (`medusa_objective`, `eagle_objective`,
-`distilled_objective`), AdamW with linear warm-up and cosine decay and
+likeliest next tokens at every position), the drafter's objective
+(`medusa_objective`, `eagle_objective`, `distilled_objective`), AdamW with linear warm-up and cosine decay and
 gradient clipping, and an Orbax checkpoint every `checkpoint_every` steps of
 the drafter's weights and the optimizer state (the last `keep` kept). A killed run
 restarts from its last checkpoint on the same trajectory: the batch of step s
@@ -202,9 +202,10 @@ def _teacher_step(target_params, tokens_BxL, head_NxD, *, target, hidden_layers,
   # The target's own logits over the draft vocabulary's rows of its tied head.
   logits_BxLxN = gemma.softcap_logits(
       gemma.linear(out.hidden_BxTxD, head_NxD, out_dtype=jnp.float32), target.config)
-  probs_BxLxJ, rows_BxLxJ = jax.lax.top_k(jax.nn.softmax(logits_BxLxN, axis=-1), soft_labels)
-  probs_BxLxJ = probs_BxLxJ / jnp.sum(probs_BxLxJ, axis=-1, keepdims=True)
-  return features, eagle_objective.SoftLabels(rows_BxLxJ.astype(jnp.int32), probs_BxLxJ)
+  # The top J renormalized are a softmax over the top J logits: no pass over all N.
+  top_BxLxJ, rows_BxLxJ = jax.lax.top_k(logits_BxLxN, soft_labels)
+  return features, eagle_objective.SoftLabels(rows_BxLxJ.astype(jnp.int32),
+                                              jax.nn.softmax(top_BxLxJ, axis=-1))
 
 
 class Teacher(NamedTuple):

@@ -108,8 +108,10 @@ def get_config(arg=None):
   # back it attends, -1 = the length it was trained on, 0 = no limit.
   c.eagle = dict(checkpoint='embedded', min_confidence=0.0, window=-1)
   # N-gram lookup where the context has a match, `drafter` (eagle, medusa, draft_model,
-  # layer_skip or early_exit, with its own entry above) where it has none.
-  c.hybrid = dict(drafter='eagle', max_n=3, min_n=1, matches=4)
+  # layer_skip or early_exit, with its own entry above) where it has none. choose: for a
+  # row with a match, 'lookup' copies at every match, 'history' copies while lookup's
+  # acceptance on the row is at least the drafter's (each source's own decayed history).
+  c.hybrid = dict(drafter='eagle', max_n=3, min_n=1, matches=4, choose='lookup')
   c.update(parse_arg(arg, c))
   return c
 

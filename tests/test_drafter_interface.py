@@ -78,6 +78,40 @@ def test_a_drafter_fed_the_targets_features_drafts_every_token_right(adaptive):
   assert out.accepted_tokens == [12, 12, 12] and out.drafted_tokens == [12, 12, 12]
 
 
+def test_update_is_told_how_many_drafts_each_row_verified():
+  """The view `update` gets counts each row's verified drafts beside its accepted
+  ones (0 in a plain step): with drafts that are always right and evidence that
+  varies from step to step (0 in some), every call accepts exactly what it
+  verified, and the verified counts add up to what the loop reports drafted."""
+  inner = feature_copy_drafter(COUNT_V)
+  seen = []
+
+  def update(*, params, state, target):
+    jax.debug.callback(lambda v, a: seen.append((np.asarray(v), np.asarray(a))),
+                       target.num_verified_B, target.num_accepted_B)
+    return inner.update(params=params, state=state, target=target)
+
+  def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None):
+    proposal = inner.propose(params=params, state=state, tokens_BxS=tokens_BxS,
+                             lengths_B=lengths_B, keys_B=keys_B, sampling=sampling, gamma=gamma)
+    return proposal.replace(num_drafts_B=((lengths_B // 2) % (gamma + 1)).astype(jnp.int32))
+
+  drafter = dataclasses.replace(inner, update=update, propose=propose)
+  policy = draft_length.Policy((0, 2, 3), (1.0, 1.01, 1.02))
+  out = speculative.generate(COUNT_TOY, COUNT_TABLE, drafter, PROMPTS, gamma=3,
+                             max_new_tokens=17, policy=policy)
+  for b, prompt in enumerate(PROMPTS):
+    assert out.new_tokens[b] == [(prompt[-1] + 1 + i) % COUNT_V for i in range(17)]
+  verified_SxB = np.stack([v for v, _ in seen])
+  accepted_SxB = np.stack([a for _, a in seen])
+  np.testing.assert_array_equal(accepted_SxB, verified_SxB)
+  assert (verified_SxB == 0).any() and (verified_SxB > 0).any()
+  assert (verified_SxB <= 3).all()
+  # Rows that finished keep being stepped (and report) until the batch ends.
+  assert (verified_SxB.sum(axis=0) >= np.asarray(out.drafted_tokens)).all()
+  assert (verified_SxB.sum(axis=0) - np.asarray(out.drafted_tokens) <= 3).all()
+
+
 def test_hidden_states_reach_init_and_update_on_a_real_gemma():
   """On the tiny Gemma: the hidden states a drafter receives equal a full forward's
   (final norm and a requested layer) at the positions the view names."""

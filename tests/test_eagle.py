@@ -238,7 +238,8 @@ def test_every_tree_node_is_its_rank_after_its_path_drafted_as_a_chain(window):
   view = base.TargetView(tokens_BxS=tokens_BxS, lengths_B=lengths_B, positions_BxT=positions,
                          hidden_BxTxD=out.hidden_BxTxD,
                          layer_hidden_LxBxTxD=out.layer_hidden_LxBxTxD,
-                         num_accepted_B=jnp.zeros((2,), jnp.int32))
+                         num_accepted_B=jnp.zeros((2,), jnp.int32),
+                         num_verified_B=jnp.zeros((2,), jnp.int32))
   state = drafter.init(params=drafter.params, target=view, target_params=TARGET_PARAMS)
   proposal = drafter.propose_tree(params=drafter.params, state=state, tokens_BxS=tokens_BxS,
                                   lengths_B=lengths_B, keys_B=None, sampling=None, tree=tree,

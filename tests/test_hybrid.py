@@ -1,6 +1,8 @@
-"""The hybrid drafter: n-gram drafts where a row has a match, the network drafter's
-elsewhere, the network run only in steps that need it; greedy parity, exact
-sampling (with a negative control), trees, bad settings."""
+"""The hybrid drafter: n-gram drafts where a row has a match (and, under
+choose='history', while lookup's acceptance for the row is at least the
+network's), the network drafter's elsewhere, the network run only in steps that
+need it; greedy parity, exact sampling (with a negative control), trees, bad
+settings."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 from specjax.decoding import draft_length
 from specjax.decoding import speculative
 from specjax.decoding import tree as tree_lib
+from specjax.drafters import base
 from specjax.drafters import eagle
 from specjax.drafters import hybrid
 from specjax.drafters import make_drafter
@@ -30,12 +33,13 @@ from test_speculative import spec_generate
 
 EAGLE = eagle.make(TARGET, test_eagle.NET, test_eagle.LAYERS, vocab_ids_N=test_eagle.SUBSET,
                    target_params=TARGET_PARAMS)
-SETTINGS = hybrid.Settings()
+SETTINGS = hybrid.Settings()   # choose='lookup': every match drafts, what the first tests check
 
 
-def _recorded(fallback):
+def _recorded(fallback, settings=SETTINGS, sources=None):
   """The hybrid over `fallback`, recording every step's context and drafts, and
-  every step in which the fallback drafted."""
+  every step in which the fallback drafted (and into `sources`, if given, which
+  rows each step drafted by lookup)."""
   steps, network_calls = [], []
 
   def network_propose(**kwargs):
@@ -43,12 +47,14 @@ def _recorded(fallback):
     jax.debug.callback(lambda d: network_calls.append(np.asarray(d)), proposal.draft_BxG)
     return proposal
 
-  drafter = hybrid.make(SETTINGS, dataclasses.replace(fallback, propose=network_propose))
+  drafter = hybrid.make(settings, dataclasses.replace(fallback, propose=network_propose))
 
   def propose(**kwargs):
     proposal = drafter.propose(**kwargs)
     jax.debug.callback(lambda *a: steps.append([np.asarray(x) for x in a]), proposal.draft_BxG,
                        kwargs['tokens_BxS'], kwargs['lengths_B'])
+    if sources is not None:
+      jax.debug.callback(lambda b: sources.append(np.asarray(b)), proposal.state.lookup_B)
     return proposal
 
   return dataclasses.replace(drafter, propose=propose), steps, network_calls
@@ -127,21 +133,102 @@ def test_a_draft_model_as_the_fallback_feeds_its_cache_what_lookup_drafted():
   assert after_lookup > 0
 
 
-@pytest.mark.parametrize('fallback,spec', [('eagle', '-1,-1,-1,0,0,1,3,4'), ('eagle', 'eagle-25'),
-                                           ('draft_model', '-1,-1,-1,0,0,1,3,4')])
-def test_greedy_hybrid_trees_equal_greedy_autoregressive(fallback, spec):
+@pytest.mark.parametrize('adaptive', [False, True], ids=['fixed', 'adaptive'])
+def test_greedy_hybrid_choosing_by_history_equals_greedy_autoregressive(adaptive):
+  """Batch 4 of mixed lengths under choose='history': the output is the reference,
+  and a matched row drafts either lookup's copy or the network's drafts."""
+  drafter, steps, network_calls = _recorded(EAGLE, hybrid.Settings())
+  gamma = 3
+  out = spec_generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
+                      max_new_tokens=MAX_NEW, eos_ids=(eos_id(),), adaptive=adaptive)
+  assert out.new_tokens == greedy_reference()
+  assert network_calls and sum(out.accepted_tokens) > 0
+
+
+def _one_row(choose: str):
+  """The hybrid over the target itself as its draft model (its drafts are never
+  rejected), on one prompt, every step verifying gamma drafts: the output, the
+  steps, the steps that ran the network, and whether each step drafted by lookup."""
+  target_as_draft = make_drafter('draft_model', target=TARGET,
+                                 draft_model=(TARGET, TARGET_PARAMS))
+  sources = []
+  drafter, steps, network_calls = _recorded(
+      target_as_draft, hybrid.Settings(drafter='draft_model', choose=choose), sources)
+  out = spec_generate(TARGET, TARGET_PARAMS, drafter, [PROMPTS[2]], gamma=3,
+                      max_new_tokens=MAX_NEW, adaptive=False)
+  return out, steps, network_calls, [bool(b[0]) for b in sources]
+
+
+def test_choosing_by_history_moves_a_row_whose_copies_fail_to_the_network():
+  """A row's lookup drafts get rejected on this prompt, the network's never do.
+  Under 'lookup' the row copies at every match; under 'history' it moves to the
+  network once lookup's acceptance falls below the network's, so it runs the
+  network in more steps, accepts more drafts and needs fewer target calls, with
+  the same output. Some step has a match and still drafts from the network:
+  the choice, not only the match, picked the source; and every step drafts
+  from the source it recorded."""
+  lookup_out, lookup_steps, lookup_net, _ = _one_row('lookup')
+  history_out, history_steps, history_net, by_lookup = _one_row('history')
+  assert lookup_out.new_tokens == history_out.new_tokens == plain_greedy()[2:3]
+  assert sum(lookup_out.drafted_tokens) > sum(lookup_out.accepted_tokens)   # copies fail
+  assert len(history_net) > len(lookup_net)
+  assert sum(history_out.accepted_tokens) > sum(lookup_out.accepted_tokens)
+  assert len(history_steps) < len(lookup_steps)
+  assert len(by_lookup) == len(history_steps) and by_lookup.count(False) == len(history_net)
+  net = iter(history_net)
+  matched_network_steps = 0
+  for (drafted, tokens_BxS, lengths_B), lookup in zip(history_steps, by_lookup):
+    copy_BxG, matched_B = ngram_lib.propose_ngram(jnp.asarray(tokens_BxS),
+                                                  jnp.asarray(lengths_B), 3, 3, 1)
+    matched = bool(np.asarray(matched_B)[0])
+    assert matched or not lookup
+    np.testing.assert_array_equal(drafted, np.asarray(copy_BxG) if lookup else next(net))
+    matched_network_steps += int(matched and not lookup)
+  assert matched_network_steps > 0
+
+
+def test_source_histories_count_only_the_calls_each_source_drafted():
+  """update() credits the verified and accepted counts to the source that drafted
+  the row, and a plain step (nothing verified) to neither; the network's own
+  update still runs."""
+  fallback = dataclasses.replace(DRAFTERS['draft_model'],
+                                 update=lambda *, params, state, target: state + 1)
+  drafter = hybrid.make(hybrid.Settings(drafter='draft_model'), fallback)
+  fresh = draft_length.History.init(3)
+  state = hybrid.State(network=jnp.int32(0), lookup_B=jnp.array([True, False, True]),
+                       lookup_history=fresh, network_history=fresh)
+  view = base.TargetView(tokens_BxS=jnp.zeros((3, 8), jnp.int32),
+                         lengths_B=jnp.full((3,), 5, jnp.int32),
+                         positions_BxT=jnp.zeros((3, 4), jnp.int32),
+                         hidden_BxTxD=jnp.zeros((3, 4, 2)), layer_hidden_LxBxTxD=None,
+                         num_accepted_B=jnp.array([1, 3, 0], jnp.int32),
+                         num_verified_B=jnp.array([3, 3, 0], jnp.int32))
+  new = drafter.update(params=None, state=state, target=view)
+  assert int(new.network) == 1
+  np.testing.assert_allclose(new.lookup_history.accepted_B, [1, 0, 0])
+  np.testing.assert_allclose(new.lookup_history.rejected_B, [1, 0, 0])
+  np.testing.assert_allclose(new.network_history.accepted_B, [0, 3, 0])
+  np.testing.assert_allclose(new.network_history.rejected_B, [0, 0, 0])
+  again = drafter.update(params=None, state=new, target=view)   # old counts decay
+  np.testing.assert_allclose(again.lookup_history.accepted_B, [1.9, 0, 0], rtol=1e-6)
+
+
+@pytest.mark.parametrize('fallback,spec,choose', [
+    ('eagle', '-1,-1,-1,0,0,1,3,4', 'lookup'), ('eagle', 'eagle-25', 'lookup'),
+    ('draft_model', '-1,-1,-1,0,0,1,3,4', 'lookup'), ('eagle', 'eagle-25', 'history')])
+def test_greedy_hybrid_trees_equal_greedy_autoregressive(fallback, spec, choose):
   network = EAGLE if fallback == 'eagle' else DRAFTERS['draft_model']
-  drafter = hybrid.make(hybrid.Settings(drafter=fallback), network)
+  drafter = hybrid.make(hybrid.Settings(drafter=fallback, choose=choose), network)
   _, chain = check_greedy_tree(drafter, tree_lib.parse(spec))
   assert sum(chain.accepted_tokens) > 0
 
 
 # -------------------------------------------------- exact sampling (chi-square)
 
-def _toy_hybrid():
+def _toy_hybrid(choose='lookup'):
   fallback = eagle.make(test_eagle.TOY, test_eagle.TOY_NET, test_eagle.TOY_LAYERS,
                         target_params=test_eagle.TOY_PARAMS)
-  return hybrid.make(hybrid.Settings(max_n=1), fallback)
+  return hybrid.make(hybrid.Settings(max_n=1, choose=choose), fallback)
 
 
 def _sample_toy(drafter, seed):
@@ -156,9 +243,11 @@ def _sample_toy(drafter, seed):
   return p_value, np.sum(out.accepted_tokens) / np.sum(out.drafted_tokens)
 
 
-def test_hybrid_sampling_is_exact():
-  """Rows drafted by lookup (q one-hot) and by EAGLE (q its softmax) in one batch."""
-  p_value, rate = _sample_toy(_toy_hybrid(), seed=3)
+@pytest.mark.parametrize('choose', hybrid.CHOICES)
+def test_hybrid_sampling_is_exact(choose):
+  """Rows drafted by lookup (q one-hot) and by EAGLE (q its softmax) in one batch;
+  under 'history' the source also depends on each row's past acceptances."""
+  p_value, rate = _sample_toy(_toy_hybrid(choose), seed=3)
   assert p_value > acc.P_VALUE_OK, p_value
   assert 0.03 < rate < 0.95, rate
 
@@ -194,6 +283,8 @@ def test_a_bad_fallback_is_refused():
     make_drafter('hybrid', target=TARGET, settings={'drafter': 'ngram'})
   with pytest.raises(ValueError, match='config.hybrid.min_n / max_n'):
     make_drafter('hybrid', target=TARGET, settings={'max_n': 0})
+  with pytest.raises(ValueError, match="config.hybrid.choose is 'best'; one of lookup, history"):
+    make_drafter('hybrid', target=TARGET, settings={'choose': 'best'})
   with pytest.raises(ValueError, match='draft model checkpoint'):
     make_drafter('hybrid', target=TARGET, settings={'drafter': 'draft_model'})
 

@@ -307,7 +307,8 @@ def test_every_draft_model_node_is_its_rank_after_its_path(vocab):
   zeros = jnp.zeros((2, prompt_len, DRAFT.config.embed_dim))
   view = base.TargetView(tokens_BxS=tokens_BxS, lengths_B=lengths_B, positions_BxT=positions,
                          hidden_BxTxD=zeros, layer_hidden_LxBxTxD=None,
-                         num_accepted_B=jnp.zeros((2,), jnp.int32))
+                         num_accepted_B=jnp.zeros((2,), jnp.int32),
+                         num_verified_B=jnp.zeros((2,), jnp.int32))
   state = drafter.init(params=drafter.params, target=view)
   proposal = drafter.propose_tree(params=drafter.params, state=state, tokens_BxS=tokens_BxS,
                                   lengths_B=lengths_B, keys_B=None, sampling=None, tree=tree)

@@ -211,7 +211,7 @@ def _call(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_ne
                     hidden_BxTxD=_pad_positions(out.hidden_BxTxD, gamma + 1, axis=1),
                     layer_hidden_LxBxTxD=_pad_positions(out.layer_hidden_LxBxTxD, gamma + 1,
                                                         axis=2),
-                    num_accepted_B=num_accepted_B)
+                    num_accepted_B=num_accepted_B, num_verified_B=k_B)
   # Up to the cut: the committed block's drafts, and the drafts before it.
   usable_B = jnp.where(count_B < num_accepted_B + 1, count_B, gamma + 1)
   drafted_B = jnp.minimum(k_B, usable_B)
@@ -344,7 +344,8 @@ def program(loop: program_lib.Loop, target_params, drafter_params, costs_N, toke
   view = TargetView(tokens_BxS=decode.tokens_BxS, lengths_B=decode.lengths_B,
                     positions_BxT=jnp.broadcast_to(jnp.arange(prefill_len), (batch, prefill_len)),
                     hidden_BxTxD=out.hidden_BxTxD, layer_hidden_LxBxTxD=out.layer_hidden_LxBxTxD,
-                    num_accepted_B=jnp.zeros((batch,), jnp.int32))
+                    num_accepted_B=jnp.zeros((batch,), jnp.int32),
+                    num_verified_B=jnp.zeros((batch,), jnp.int32))
   drafter_state = drafter.init(params=drafter_params, target=view,
                                **target_kwargs(drafter, target_params))
   ones_B = active_B.astype(jnp.int32)

@@ -78,7 +78,8 @@ def _proposals(drafter: Drafter, model, drafter_params, params, *, sampling, gam
       hidden_BxTxD=jnp.zeros((batch, prompt_len, cfg.embed_dim), jnp.float32),
       layer_hidden_LxBxTxD=(jnp.zeros((layers, batch, prompt_len, cfg.embed_dim), jnp.float32)
                             if layers else None),
-      num_accepted_B=jnp.zeros((batch,), jnp.int32))
+      num_accepted_B=jnp.zeros((batch,), jnp.int32),
+      num_verified_B=jnp.zeros((batch,), jnp.int32))
   state = drafter.init(params=drafter_params, target=view, **target_kwargs)
   cache = model.init_cache(batch, num_slots) if drafter.shares_target_cache else None
   keys_B = jax.random.split(jax.random.key(0), batch)

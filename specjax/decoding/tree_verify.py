@@ -101,7 +101,9 @@ def call(loop, tree: Tree, target_params, keys_B, max_new_B, decode: prefill_lib
                     positions_BxT=start_B[:, None] + jnp.arange(d1)[None, :],
                     hidden_BxTxD=_along_path(out.hidden_BxTxD, path_BxD1, axis=1),
                     layer_hidden_LxBxTxD=_along_path(out.layer_hidden_LxBxTxD, path_BxD1, axis=2),
-                    num_accepted_B=num_accepted_B)
+                    num_accepted_B=num_accepted_B,
+                    num_verified_B=jnp.max(jnp.where(valid_BxN, jnp.asarray(tree.depth_N)[None, :],
+                                                     0), axis=1).astype(jnp.int32))
   num_valid_B = jnp.sum(valid_BxN, axis=1).astype(jnp.int32)
   drafted_B = jnp.where(count_B > 0, num_valid_B, 0)
   accepted_B = jnp.minimum(num_accepted_B, count_B)

@@ -7,7 +7,7 @@
       Runs after every target call (a verify call or a plain decode step):
       `target` holds the committed context (the corrected or bonus token
       included), the hidden states the call computed at its positions, and
-      how many drafts each row had accepted.
+      how many drafts each row had verified and accepted.
   propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma,
           shared=None) -> Proposal
       Proposes gamma tokens after each row's last committed token, q (what
@@ -68,6 +68,9 @@ class TargetView:
   layer_hidden_LxBxTxD: the residual stream after each of the drafter's
     `hidden_layers`, or None.
   num_accepted_B: drafts each row accepted (0 after prefill or a plain step).
+  num_verified_B: drafts each row verified, accepted or not (0 after prefill or
+    a plain step; for a token tree, its deepest valid path): with the accepted
+    count, what a drafter needs to keep its own acceptance history.
   """
 
   tokens_BxS: Array
@@ -76,6 +79,7 @@ class TargetView:
   hidden_BxTxD: Array
   layer_hidden_LxBxTxD: Array | None
   num_accepted_B: Array
+  num_verified_B: Array
 
 
 @flax.struct.dataclass

@@ -67,6 +67,14 @@ def test_a_truncated_gguf_header_is_an_error_naming_the_file(tmp_path):
     chat_template.find(cut)
 
 
+def test_a_missing_path_or_unreadable_tokenizer_config_is_an_error_naming_it(tmp_path):
+  with pytest.raises(CheckpointError, match='nowhere.gguf: no such file or directory'):
+    chat_template.find(tmp_path / 'nowhere.gguf')
+  (tmp_path / 'tokenizer_config.json').write_text('{"chat_template": ')
+  with pytest.raises(CheckpointError, match='tokenizer_config.json: unreadable'):
+    chat_template.find(tmp_path)
+
+
 def test_hf_directory_chat_template(tmp_path):
   (tmp_path / 'tokenizer_config.json').write_text(json.dumps({'bos_token': '<bos>'}))
   assert chat_template.find(tmp_path) is None

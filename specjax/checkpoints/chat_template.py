@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from specjax.checkpoints import gguf_header
+from specjax.checkpoints.errors import CheckpointError
 
 GGUF_KEY = 'tokenizer.chat_template'
 

@@ -52,7 +52,6 @@ from specjax.checkpoints import embedded
 from specjax.decoding import autoregressive, draft_length, program, speculative, step_costs
 from specjax.drafters import draft_vocab, layer_skip, make_drafter
 from specjax.experiments import prompts as prompts_lib
-from specjax.models import gemma
 from specjax.models.language_model import LanguageModel
 from specjax.tokenizer import Tokenizer
 

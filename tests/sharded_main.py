@@ -14,7 +14,6 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
 
 import jax  # noqa: E402  (must follow XLA_FLAGS)
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 from specjax import sharding  # noqa: E402
 from specjax import sampling

@@ -7,7 +7,6 @@ Shapes: B batch, S slots, T positions, D width, G gamma, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,6 @@ import pytest
 from specjax import drafters
 from specjax import sampling as sampling_lib
 from specjax.decoding import autoregressive, draft_length, program, speculative
-from specjax.decoding import batch as batch_lib
 from specjax.decoding import prefill as prefill_lib
 from specjax.drafters import base
 

@@ -22,7 +22,6 @@ from specjax.decoding import speculative
 from specjax.decoding import tree as tree_lib
 from specjax.drafters import base
 from specjax.drafters import medusa
-from specjax.models import gemma
 from specjax.models.config import tiny_config
 
 import test_acceptance as acc

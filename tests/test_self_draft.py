@@ -9,7 +9,6 @@ lacks) as errors naming the config key, raised before anything is compiled.
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 
 import jax.numpy as jnp
@@ -27,7 +26,6 @@ from specjax.models import config as model_configs
 
 import test_acceptance as acc
 from test_config import get_config
-import toy_models
 from test_speculative import (MAX_NEW, PADDED, PROMPTS, TARGET, TARGET_PARAMS,
                               check_metric_invariants, eos_id, greedy_reference, spec_generate)
 

@@ -25,7 +25,6 @@ from specjax import sampling as sampling_lib
 from specjax.decoding import speculative
 from specjax.decoding import tree as tree_lib
 from specjax.decoding import tree_acceptance
-from specjax.drafters import make_drafter
 
 import test_acceptance as ta
 import toy_models

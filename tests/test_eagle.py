@@ -218,6 +218,44 @@ def test_greedy_eagle_trees_equal_greedy_autoregressive(spec):
   assert sum(chain.accepted_tokens) > 0
 
 
+@pytest.mark.parametrize('window', [0, 16], ids=['no-window', 'window'])
+def test_init_runs_the_layer_at_the_last_prompt_position_as_over_the_whole_prompt(window):
+  """init writes every prompt position's keys and runs the rest of the layer at
+  each row's last position only; its output there and its cache up to there
+  equal the layer run over the whole prompt (rows of different lengths, padding
+  after them)."""
+  drafter = eagle.make(TARGET, NET, LAYERS, eagle.Settings(window=window),
+                       target_params=TARGET_PARAMS)
+  rng = np.random.default_rng(5)
+  prompt_len, slots = 19, 34
+  tokens_BxS = jnp.asarray(rng.integers(3, CFG.vocab_size, size=(3, slots)), jnp.int32)
+  lengths_B = jnp.array([prompt_len + 1, 7, 12], jnp.int32)   # + the pending token
+  positions = jnp.broadcast_to(jnp.arange(prompt_len), (3, prompt_len))
+  out = TARGET.forward(TARGET_PARAMS, tokens_BxS[:, :prompt_len], positions,
+                       TARGET.init_cache(3, slots), hidden_layers=LAYERS)
+  view = base.TargetView(tokens_BxS=tokens_BxS, lengths_B=lengths_B, positions_BxT=positions,
+                         hidden_BxTxD=out.hidden_BxTxD,
+                         layer_hidden_LxBxTxD=out.layer_hidden_LxBxTxD,
+                         num_accepted_B=jnp.zeros((3,), jnp.int32),
+                         num_verified_B=jnp.zeros((3,), jnp.int32))
+  state = drafter.init(params=drafter.params, target=view, target_params=TARGET_PARAMS)
+  geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps, window or None)
+  net = drafter.params['net']
+  nxt = jnp.take_along_axis(tokens_BxS, positions + 1, axis=1)
+  full_BxTxD, full_cache = eagle_net.step(
+      net, geo, eagle_net.fuse(net, out.layer_hidden_LxBxTxD),
+      eagle_net.embed(TARGET_PARAMS['embedding_VxD'], nxt), positions,
+      eagle_net.init_cache(geo, 3, slots + 2), key_slots=prompt_len)
+  last_B = np.asarray(lengths_B) - 2
+  np.testing.assert_allclose(state['out_BxD'], np.asarray(full_BxTxD)[np.arange(3), last_B],
+                             rtol=1e-5, atol=1e-5)
+  for name in ('k', 'v'):   # the committed slots; later ones are hidden until rewritten
+    for b in range(3):
+      np.testing.assert_allclose(state['cache'][name][b, :last_B[b] + 1],
+                                 full_cache[name][b, :last_B[b] + 1], rtol=1e-5, atol=1e-5)
+  assert float(jnp.abs(state['out_BxD']).max()) > 0.1
+
+
 @pytest.mark.parametrize('window', [0, 16])
 def test_every_tree_node_is_its_rank_after_its_path_drafted_as_a_chain(window):
   """After a prefill, node i (its parent's r-th child) holds the r-th most likely

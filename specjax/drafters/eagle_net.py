@@ -180,6 +180,17 @@ def init_cache(geo: Geometry, batch: int, num_slots: int) -> dict[str, Array]:
   return {'k': jnp.zeros(shape, jnp.float32), 'v': jnp.zeros(shape, jnp.float32)}
 
 
+def write_keys(params, geo: Geometry, hidden_BxTxD: Array, embedded_BxTxD: Array,
+               positions_BxT: Array, cache: dict[str, Array]) -> dict[str, Array]:
+  """The keys and values of T consecutive chain positions per row, written to the
+  cache (slot = position) without the rest of the layer. A position's keys
+  depend only on its own inputs, so this is what `step` writes there; where
+  only the last position's output is wanted (a prompt), the attention and MLP
+  of the others need not run."""
+  _, k, v = _qkv(params, geo, hidden_BxTxD, embedded_BxTxD, positions_BxT)
+  return kv_cache_lib.write(cache, k, v, positions_BxT[:, 0])
+
+
 def step(params, geo: Geometry, hidden_BxTxD: Array, embedded_BxTxD: Array,
          positions_BxT: Array, cache: dict[str, Array], key_slots: int | None = None
          ) -> tuple[Array, dict[str, Array]]:

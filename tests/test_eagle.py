@@ -218,6 +218,22 @@ def test_greedy_eagle_trees_equal_greedy_autoregressive(spec):
   assert sum(chain.accepted_tokens) > 0
 
 
+def _prefilled(seed: int, lengths: list[int], prompt_len: int = 19, slots: int = 34):
+  """Random prompts (padded to prompt_len) of the given lengths (the pending token
+  included) and the view the loop hands `init` after the target's prefill."""
+  rng = np.random.default_rng(seed)
+  batch = len(lengths)
+  tokens_BxS = jnp.asarray(rng.integers(3, CFG.vocab_size, size=(batch, slots)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(prompt_len), (batch, prompt_len))
+  out = TARGET.forward(TARGET_PARAMS, tokens_BxS[:, :prompt_len], positions,
+                       TARGET.init_cache(batch, slots), hidden_layers=LAYERS)
+  zeros_B = jnp.zeros((batch,), jnp.int32)
+  return base.TargetView(tokens_BxS=tokens_BxS, lengths_B=jnp.asarray(lengths, jnp.int32),
+                         positions_BxT=positions, hidden_BxTxD=out.hidden_BxTxD,
+                         layer_hidden_LxBxTxD=out.layer_hidden_LxBxTxD,
+                         num_accepted_B=zeros_B, num_verified_B=zeros_B)
+
+
 @pytest.mark.parametrize('window', [0, 16], ids=['no-window', 'window'])
 def test_init_runs_the_layer_at_the_last_prompt_position_as_over_the_whole_prompt(window):
   """init writes every prompt position's keys and runs the rest of the layer at
@@ -226,27 +242,17 @@ def test_init_runs_the_layer_at_the_last_prompt_position_as_over_the_whole_promp
   after them)."""
   drafter = eagle.make(TARGET, NET, LAYERS, eagle.Settings(window=window),
                        target_params=TARGET_PARAMS)
-  rng = np.random.default_rng(5)
   prompt_len, slots = 19, 34
-  tokens_BxS = jnp.asarray(rng.integers(3, CFG.vocab_size, size=(3, slots)), jnp.int32)
-  lengths_B = jnp.array([prompt_len + 1, 7, 12], jnp.int32)   # + the pending token
-  positions = jnp.broadcast_to(jnp.arange(prompt_len), (3, prompt_len))
-  out = TARGET.forward(TARGET_PARAMS, tokens_BxS[:, :prompt_len], positions,
-                       TARGET.init_cache(3, slots), hidden_layers=LAYERS)
-  view = base.TargetView(tokens_BxS=tokens_BxS, lengths_B=lengths_B, positions_BxT=positions,
-                         hidden_BxTxD=out.hidden_BxTxD,
-                         layer_hidden_LxBxTxD=out.layer_hidden_LxBxTxD,
-                         num_accepted_B=jnp.zeros((3,), jnp.int32),
-                         num_verified_B=jnp.zeros((3,), jnp.int32))
+  view = _prefilled(5, [prompt_len + 1, 7, 12], prompt_len, slots)
   state = drafter.init(params=drafter.params, target=view, target_params=TARGET_PARAMS)
   geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps, window or None)
   net = drafter.params['net']
-  nxt = jnp.take_along_axis(tokens_BxS, positions + 1, axis=1)
+  nxt = jnp.take_along_axis(view.tokens_BxS, view.positions_BxT + 1, axis=1)
   full_BxTxD, full_cache = eagle_net.step(
-      net, geo, eagle_net.fuse(net, out.layer_hidden_LxBxTxD),
-      eagle_net.embed(TARGET_PARAMS['embedding_VxD'], nxt), positions,
+      net, geo, eagle_net.fuse(net, view.layer_hidden_LxBxTxD),
+      eagle_net.embed(TARGET_PARAMS['embedding_VxD'], nxt), view.positions_BxT,
       eagle_net.init_cache(geo, 3, slots + 2), key_slots=prompt_len)
-  last_B = np.asarray(lengths_B) - 2
+  last_B = np.asarray(view.lengths_B) - 2
   np.testing.assert_allclose(state['out_BxD'], np.asarray(full_BxTxD)[np.arange(3), last_B],
                              rtol=1e-5, atol=1e-5)
   for name in ('k', 'v'):   # the committed slots; later ones are hidden until rewritten
@@ -266,18 +272,8 @@ def test_every_tree_node_is_its_rank_after_its_path_drafted_as_a_chain(window):
   tree = tree_lib.parse(BRANCHING)
   drafter = eagle.make(TARGET, NET, LAYERS, eagle.Settings(window=window),
                        target_params=TARGET_PARAMS)
-  rng = np.random.default_rng(3)
-  prompt_len, slots = 19, 34
-  tokens_BxS = jnp.asarray(rng.integers(3, CFG.vocab_size, size=(2, slots)), jnp.int32)
-  lengths_B = jnp.array([prompt_len + 1, prompt_len + 1], jnp.int32)   # the pending token
-  positions = jnp.broadcast_to(jnp.arange(prompt_len), (2, prompt_len))
-  out = TARGET.forward(TARGET_PARAMS, tokens_BxS[:, :prompt_len], positions,
-                       TARGET.init_cache(2, slots), hidden_layers=LAYERS)
-  view = base.TargetView(tokens_BxS=tokens_BxS, lengths_B=lengths_B, positions_BxT=positions,
-                         hidden_BxTxD=out.hidden_BxTxD,
-                         layer_hidden_LxBxTxD=out.layer_hidden_LxBxTxD,
-                         num_accepted_B=jnp.zeros((2,), jnp.int32),
-                         num_verified_B=jnp.zeros((2,), jnp.int32))
+  view = _prefilled(3, [20, 20])   # 19 prompt positions and the pending token
+  tokens_BxS, lengths_B = view.tokens_BxS, view.lengths_B
   state = drafter.init(params=drafter.params, target=view, target_params=TARGET_PARAMS)
   proposal = drafter.propose_tree(params=drafter.params, state=state, tokens_BxS=tokens_BxS,
                                   lengths_B=lengths_B, keys_B=None, sampling=None, tree=tree,

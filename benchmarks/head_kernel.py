@@ -6,7 +6,7 @@ head's CPU time (all threads; steadier than wall time on a shared machine)
 relative to N = 1, in three forms: the matmul in the model's layout
 (W[V, D] @ x[N, D]^T, as `gemma.linear` computes it with XLA's kernels), the
 plain x @ W^T, and what the model's head runs (`gemma.head_logits`: on CPU
-specjax's skinny-matmul kernel for 2 to 16 rows, where it is built; see
+specjax's skinny-matmul kernel for 2 to 15 rows, where it is built; see
 benchmarks/skinny_matmul.py). Every logit is consumed (an argmax), or XLA would
 slice the matmul away. On the 2-core AVX2 EPYC of December 2026 the cost came in steps
 (N = 2-4, 5-8 and 9-16 each cost about the same), so a chain of 4 drafts

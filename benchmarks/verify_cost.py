@@ -10,7 +10,7 @@ the two interleaved so that a machine's drift hits both:
            the tied 262,144 x 640 head for 2 to 64 rows as an elementwise
            product reduced over D (`gemma.head_logits`), a GEMV at one row;
   kernel   specjax's skinny-matmul kernel (`cpu_kernels/skinny_matmul`) for
-           every product of 2 to 16 rows (a single row stays with XLA, as
+           every product of 2 to 15 rows (a single row stays with XLA, as
            in the product): each matrix streamed once, with the reads
            overlapped with the arithmetic.
 

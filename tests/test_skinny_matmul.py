@@ -74,8 +74,8 @@ def _custom_calls(fn, *args) -> str:
 
 
 @pytest.mark.parametrize('rows,dtype,takes_kernel', [
-    (1, jnp.float32, False), (2, jnp.float32, True), (16, jnp.float32, True),
-    (17, jnp.float32, False), (4, jnp.bfloat16, False)])
+    (1, jnp.float32, False), (2, jnp.float32, True), (15, jnp.float32, True),
+    (16, jnp.float32, False), (4, jnp.bfloat16, False)])
 def test_linear_takes_the_kernel_for_few_float32_rows(rows, dtype, takes_kernel):
   x_1xTxI = jnp.ones((1, rows, 32), dtype)
   w_OxI = jnp.ones((24, 32), dtype)

@@ -17,9 +17,13 @@ its logits still differ from a decode step's in the last bits).
 
 `applies` says whether a product takes the kernel: on the CPU backend, float32
 operands, MIN_ROWS to MAX_ROWS rows and the kernel built (see build.py; without
-a C++ compiler XLA's kernels are used). Above 16 rows XLA's compute-bound
+a C++ compiler XLA's kernels are used). From 16 rows XLA's compute-bound
 kernels are as fast or faster (head at 20 / 32 / 64 rows: 0.96 / 1.28 / 1.37 of
-XLA's time). A single row, a decode step, stays with XLA too: each of a step's
+XLA's time). At exactly 16 rows XLA has a fast path: the body's 18 layers took
+1.18 and 1.22 of XLA's time there in two runs against 0.80-0.87 at 12-15 rows,
+and a batch-16 decode step of the 270M 3-9% longer (128 / 384 slots) with the
+kernel (benchmarks/skinny_matmul.py and the model's step, 4 December 2026), so
+the kernel stops at 15. A single row, a decode step, stays with XLA too: each of a step's
 127 products then runs as XLA's own code, without an FFI call and a dispatch to
 the thread pool, and 64 greedy tokens of the 270M took 40.1 ms a token against
 42.8 with the kernel (the same run, 4 December 2026; 38.1 against 41.9 in
@@ -40,7 +44,7 @@ Array = jax.Array
 KERNEL = 'skinny_matmul'
 TARGET = 'specjax_skinny_matmul_f32'
 MIN_ROWS = 2
-MAX_ROWS = 16
+MAX_ROWS = 15
 
 
 def available() -> bool:

@@ -18,7 +18,7 @@ X[I, T] at close to one pass over W for small T, but x[T, I] @ W[I, O] at two
 to three passes (measured on a 2-core AVX2 EPYC: the tied 262,144 x 640 head at
 T = 5 took 36-42 ms against 56-67 ms). That is what keeps a verify call over
 gamma + 1 positions close to the cost of a one-token decode step. On CPU, in
-float32, products of 2 to 16 rows go to specjax's own kernel instead
+float32, products of 2 to 15 rows go to specjax's own kernel instead
 (`cpu_kernels/skinny_matmul`), which overlaps the weight reads with the
 arithmetic and gives each row the same bits whatever the number of rows it
 runs with (a decode step's single row is XLA's: see skinny_matmul.py). Norm
@@ -386,7 +386,7 @@ _CPU_HEAD_REDUCE_MAX_ROWS = 64
 def head_logits(x_BxRxD: Array, table_VxD: Array) -> Array:
   """x @ table.T in float32 for a vocabulary-sized table: the head's product.
 
-  On CPU a float32 table and 2 to 16 rows take the skinny-matmul kernel
+  On CPU a float32 table and 2 to 15 rows take the skinny-matmul kernel
   (through `linear`). Past that, or where the kernel is not built, for 2 to 64
   rows (a verify call's gamma + 1 positions, a small batch of them) it is
   written as an elementwise product reduced over D, which XLA emits as one

@@ -112,12 +112,17 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
                      f'with a window of them; set eagle.window to 0 or >= {MIN_WINDOW}')
   geo = eagle_net.Geometry.of(net, cfg.rms_norm_eps, window)
 
+  def layer_inputs(params, target_params, view: base.TargetView):
+    """The fused target features at the view's positions and the next tokens' embeddings."""
+    hidden_BxTxD = eagle_net.fuse(params['net'], view.layer_hidden_LxBxTxD)
+    embedded_BxTxD = eagle_net.embed(target_params['embedding_VxD'],
+                                     _next_tokens(view.tokens_BxS, view.positions_BxT))
+    return hidden_BxTxD, embedded_BxTxD
+
   def catch_up(params, target_params, cache, view: base.TargetView, last_B):
     """Runs the layer over the call's positions with the target's fused features."""
-    hidden_BxTxD = eagle_net.fuse(params['net'], view.layer_hidden_LxBxTxD)
-    tokens_BxT = _next_tokens(view.tokens_BxS, view.positions_BxT)
-    embedded = eagle_net.embed(target_params['embedding_VxD'], tokens_BxT)
-    out_BxTxD, cache = eagle_net.step(params['net'], geo, hidden_BxTxD, embedded,
+    hidden_BxTxD, embedded_BxTxD = layer_inputs(params, target_params, view)
+    out_BxTxD, cache = eagle_net.step(params['net'], geo, hidden_BxTxD, embedded_BxTxD,
                                       view.positions_BxT, cache)
     return {'out_BxD': _at(out_BxTxD, last_B), 'cache': cache}
 
@@ -130,9 +135,7 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
     cache = eagle_net.init_cache(geo, batch, slots + 2)
     # The pending token is at lengths - 1; the output that drafts next is at lengths - 2.
     # Prefill positions are 0 .. P-1: their keys are the cache's first P slots.
-    hidden_BxTxD = eagle_net.fuse(params['net'], target.layer_hidden_LxBxTxD)
-    embedded_BxTxD = eagle_net.embed(target_params['embedding_VxD'],
-                                     _next_tokens(target.tokens_BxS, target.positions_BxT))
+    hidden_BxTxD, embedded_BxTxD = layer_inputs(params, target_params, target)
     cache = eagle_net.write_keys(params['net'], geo, hidden_BxTxD, embedded_BxTxD,
                                  target.positions_BxT, cache)
     last_B = target.lengths_B - 2

@@ -108,6 +108,14 @@ def _zeros_like(shapes):
   return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
 
+def _network_if(needed, network, network_state, shared):
+  """network()'s proposal in a step where some row `needed` it; else zeros of its
+  shapes carrying the network's unchanged state and the target's cache."""
+  skipped = _zeros_like(jax.eval_shape(network)).replace(
+      state=network_state, shared_cache=None if shared is None else shared[1])
+  return _run_if(needed, network, skipped)
+
+
 @flax.struct.dataclass
 class State:
   """The network drafter's state, which source drafted each row's last proposal
@@ -163,10 +171,7 @@ def make(settings: Settings, fallback: base.Drafter) -> base.Drafter:
                               lengths_B=lengths_B, keys_B=keys_B, sampling=sampling,
                               gamma=gamma, shared=shared, **target)
 
-    shapes = jax.eval_shape(network)
-    skipped = _zeros_like(shapes).replace(
-        state=state.network, shared_cache=None if shared is None else shared[1])
-    net = _run_if(~jnp.all(by_lookup_B), network, skipped)
+    net = _network_if(~jnp.all(by_lookup_B), network, state.network, shared)
     draft_BxG = jnp.where(by_lookup_B[:, None], ngram_BxG, net.draft_BxG)
     q_BxGxV = net.q_BxGxV
     if q_BxGxV is not None:
@@ -191,10 +196,7 @@ def make(settings: Settings, fallback: base.Drafter) -> base.Drafter:
                                      lengths_B=lengths_B, keys_B=keys_B, sampling=sampling,
                                      tree=tree, shared=shared, **target)
 
-      shapes = jax.eval_shape(network)
-      skipped = _zeros_like(shapes).replace(
-          state=state.network, shared_cache=None if shared is None else shared[1])
-      net = _run_if(~jnp.all(by_lookup_B), network, skipped)
+      net = _network_if(~jnp.all(by_lookup_B), network, state.network, shared)
       if net.q_BxNxV is not None:   # both fill siblings with distinct ranked tokens
         raise ValueError(f'{fallback.name} samples its tree nodes; a hybrid tree needs '
                          'deterministic siblings')

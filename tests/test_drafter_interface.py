@@ -171,8 +171,7 @@ def test_a_step_without_evidence_is_a_plain_decode_step():
     batch = decode.tokens_BxS.shape[0]
     state = speculative.SpecState(
         decode, (), draft_length.History.init(batch),
-        speculative.Counters(*(jnp.zeros((batch,), jnp.int32),) * 4,
-                             jnp.zeros((batch, gamma), jnp.int32)))
+        speculative.Counters.zeros(batch, gamma, len(policy.buckets)))
     costs_N = jnp.asarray(policy.costs)
     spec = speculative._step(loop, params, None, costs_N, keys_B, max_new_B, state)  # pylint: disable=protected-access
     return plain, spec
@@ -181,6 +180,7 @@ def test_a_step_without_evidence_is_a_plain_decode_step():
   # No prompt repeats its last token, so n-gram has no evidence and drafts nothing.
   assert spec.counters.plain_calls_B.tolist() == [1, 1]
   assert spec.counters.drafted_B.tolist() == [0, 0]
+  assert spec.counters.width_calls_N.tolist() == [1] + [0] * (len(policy.buckets) - 1)
   np.testing.assert_array_equal(spec.decode.tokens_BxS, plain.tokens_BxS)
   np.testing.assert_array_equal(spec.decode.lengths_B, plain.lengths_B)
   for a, b in zip(jax.tree.leaves(spec.decode.cache), jax.tree.leaves(plain.cache)):
@@ -198,6 +198,23 @@ def test_adaptive_ngram_takes_plain_steps_where_it_has_no_match():
                              policy=draft_length.Policy((0, 2, 3), (1.0, 1.01, 1.02)))
   assert out.new_tokens == [list(range(1, 11))]
   assert out.plain_calls == [9] and out.drafted_tokens == [0]
+  assert out.width_calls == [9, 0, 0] and out.steps == 9
+
+
+def test_width_calls_count_the_batchs_steps_per_branch():
+  """A repeating prompt gives n-gram matches: some steps verify drafts, the
+  counts per width sum to the loop's steps, and a step that verified drafts of
+  any row is counted in a bucket above the plain one."""
+  vocab = 64
+  toy = toy_models.table_model(vocab)
+  ngram = drafters.make_drafter('ngram', target=toy)
+  prompts = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7]]
+  out = speculative.generate(toy, toy_models.count_up_table(vocab), ngram, prompts, gamma=3,
+                             max_new_tokens=12,
+                             policy=draft_length.Policy((0, 2, 3), (1.0, 1.01, 1.02)))
+  assert sum(out.width_calls) == out.steps
+  assert sum(out.width_calls[1:]) >= max(c - p - 1 for c, p in zip(out.target_calls,
+                                                                   out.plain_calls)) > 0
 
 
 @pytest.mark.parametrize('name, values, message', [

@@ -69,6 +69,13 @@ class Counters:
   drafted_B: Array           # drafts verified (up to a cut)
   accepted_B: Array          # drafts accepted (up to a cut)
   accepted_at_BxG: Array     # how often draft position i was accepted
+  width_calls_N: Array       # loop steps that took each branch (a bucket; a tree: plain, tree)
+
+  @classmethod
+  def zeros(cls, batch: int, gamma: int, num_branches: int) -> Counters:
+    zeros_B = jnp.zeros((batch,), jnp.int32)
+    return cls(zeros_B, zeros_B, zeros_B, zeros_B, jnp.zeros((batch, gamma), jnp.int32),
+               jnp.zeros((num_branches,), jnp.int32))
 
 
 @flax.struct.dataclass
@@ -93,6 +100,7 @@ class SpeculativeGeneration:
   drafted_tokens: list[int]
   accepted_tokens: list[int]
   accepted_at_position: list[list[int]]
+  width_calls: list[int]     # the batch's steps per branch: per bucket, or (plain, tree)
 
   @property
   def num_new_tokens(self) -> list[int]:
@@ -258,7 +266,7 @@ def _verify_branch(loop: program_lib.Loop, num_drafts: int, target_params, keys_
 
 
 def _tree_step(loop: program_lib.Loop, target_params, keys_B, max_new_B, state: SpecState,
-               propose_kwargs) -> _Branch:
+               propose_kwargs) -> tuple[Array, _Branch]:
   """Verify the whole tree, or take a plain step when no live row has a valid node."""
   proposal = tree_verify.propose(loop.drafter, loop.tree, **propose_kwargs)
   decode = _after_drafting(loop.drafter, state.decode, proposal)
@@ -279,7 +287,8 @@ def _tree_step(loop: program_lib.Loop, target_params, keys_B, max_new_B, state: 
   carry = _Branch(decode, proposal.state, jnp.zeros(decode.lengths_B.shape, jnp.int32),
                   None, None, None, None)
   branches = [plain_call, tree_call]
-  return _select(any_valid.astype(jnp.int32), branches, _placeholders(tree_call, carry))
+  index = any_valid.astype(jnp.int32)
+  return index, _select(index, branches, _placeholders(tree_call, carry))
 
 
 def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B, max_new_B,
@@ -295,7 +304,7 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
                         keys_B=draft_keys, sampling=loop.sampling, shared=shared,
                         **target_kwargs(drafter, target_params))
   if loop.tree is not None:
-    out = _tree_step(loop, target_params, keys_B, max_new_B, state, propose_kwargs)
+    index, out = _tree_step(loop, target_params, keys_B, max_new_B, state, propose_kwargs)
   elif drafter.costly_drafts and policy.adaptive:
     # Choose the width from history alone, then draft only that many.
     gamma_B = jnp.full(live_B.shape, gamma, jnp.int32)
@@ -329,7 +338,8 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
       drafted_B=c.drafted_B + live_i * drafted_B,
       accepted_B=c.accepted_B + live_i * accepted_B,
       accepted_at_BxG=c.accepted_at_BxG + live_i[:, None] * (
-          jnp.arange(gamma)[None, :] < accepted_B[:, None]))
+          jnp.arange(gamma)[None, :] < accepted_B[:, None]),
+      width_calls_N=c.width_calls_N.at[index].add(1))
   history = state.history.record(policy, jnp.where(live_B, k_B, 0), num_accepted_B)
   return SpecState(new, drafter_state, history, counters)
 
@@ -348,11 +358,9 @@ def program(loop: program_lib.Loop, target_params, drafter_params, costs_N, toke
                     num_verified_B=jnp.zeros((batch,), jnp.int32))
   drafter_state = drafter.init(params=drafter_params, target=view,
                                **target_kwargs(drafter, target_params))
-  ones_B = active_B.astype(jnp.int32)
-  zeros_B = jnp.zeros_like(ones_B)
-  state = SpecState(decode, drafter_state, draft_length.History.init(batch),
-                    Counters(ones_B, zeros_B, zeros_B, zeros_B,
-                             jnp.zeros((batch, gamma), jnp.int32)))
+  counters = Counters.zeros(batch, gamma, _num_branches(loop)).replace(
+      target_calls_B=active_B.astype(jnp.int32))   # the prefill call
+  state = SpecState(decode, drafter_state, draft_length.History.init(batch), counters)
 
   def cond(s: SpecState):
     return (s.decode.step < loop.max_new_tokens) & jnp.any(~s.decode.done_B)
@@ -363,7 +371,11 @@ def program(loop: program_lib.Loop, target_params, drafter_params, costs_N, toke
   return dict(tokens_BxS=state.decode.tokens_BxS, num_new_B=state.decode.num_new_B,
               steps=state.decode.step, target_calls_B=c.target_calls_B,
               plain_calls_B=c.plain_calls_B, drafted_B=c.drafted_B, accepted_B=c.accepted_B,
-              accepted_at_BxG=c.accepted_at_BxG)
+              accepted_at_BxG=c.accepted_at_BxG, width_calls_N=c.width_calls_N)
+
+
+def _num_branches(loop: program_lib.Loop) -> int:
+  return 2 if loop.tree is not None else len(loop.policy.buckets)
 
 
 def check_gamma(gamma) -> int:
@@ -442,4 +454,5 @@ def generate(target: LanguageModel, target_params, drafter: Drafter,
       plain_calls=[int(c) for c in out['plain_calls_B'][active]],
       drafted_tokens=[int(d) for d in out['drafted_B'][active]],
       accepted_tokens=[int(a) for a in out['accepted_B'][active]],
-      accepted_at_position=[row.tolist() for row in out['accepted_at_BxG'][active]])
+      accepted_at_position=[row.tolist() for row in out['accepted_at_BxG'][active]],
+      width_calls=[int(n) for n in out['width_calls_N']])

@@ -15,6 +15,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax import argmax as argmax_lib
+
 Array = jax.Array
 
 
@@ -43,7 +45,7 @@ def probabilities(logits_xV: Array, sampling: SamplingConfig) -> Array:
   """The float32 distribution a token is sampled from, over the last axis."""
   logits = logits_xV.astype(jnp.float32)
   if sampling.greedy:
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    return jax.nn.one_hot(argmax_lib.argmax(logits), logits.shape[-1], dtype=jnp.float32)
   logits = logits / sampling.temperature
   vocab = logits.shape[-1]
   if 0 < sampling.top_k < vocab:
@@ -98,7 +100,7 @@ def sample(keys_B: Array, weights_BxV: Array) -> Array:
     race = jax.random.exponential(key, w.shape, dtype=jnp.float32)
     # race is exactly 0 with probability 2**-23 per entry: 0 / 0 = NaN would win for a
     # zero weight, so zero weights are masked explicitly.
-    return jnp.argmax(jnp.where(w > 0, w / race, -1.0), axis=-1).astype(jnp.int32)
+    return argmax_lib.argmax(jnp.where(w > 0, w / race, -1.0))
   return jax.vmap(row)(keys_B, weights_BxV)
 
 
@@ -110,7 +112,7 @@ def draw(keys_B: Array, logits_BxV: Array, sampling: SamplingConfig
   `probabilities(logits)`, and those probabilities.
   """
   if sampling.greedy:
-    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32), None
+    return argmax_lib.argmax(logits_BxV), None
   q_BxV = probabilities(logits_BxV, sampling)
   return sample(keys_B, q_BxV), q_BxV
 

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import argmax as argmax_lib
 from specjax import sampling as sampling_lib
 from specjax.decoding.tree import Tree
 
@@ -45,7 +46,7 @@ def _root_first(pending_B: Array, tokens_BxN: Array) -> Array:
 def greedy(tree: Tree, tokens_BxN: Array, valid_BxN: Array, logits_BxTxV: Array
            ) -> tuple[Array, Array, Array]:
   """(last tree index of the accepted path, its length, the next token) per row."""
-  argmax_BxT = jnp.argmax(logits_BxTxV, axis=-1).astype(jnp.int32)
+  argmax_BxT = argmax_lib.argmax(logits_BxTxV)
   ok = []
   for i, p in enumerate(tree.parents):
     ok_B = valid_BxN[:, i] & (tokens_BxN[:, i] == argmax_BxT[:, p + 1])

@@ -22,12 +22,15 @@ Methods are `ngram@G` (fixed: gamma G drafts verified every step) and
 widths 0, about G / 2 and G); `ngram~G:0-1-2-G` sets the widths the adaptive
 policy chooses among (each one a branch of the compiled program);
 `ngram~G/T` sets its finish_softness to T tokens (`inf`: the mean over rows,
-the rule before the finishing time counted), and `ngram~G/T/S` its
+the rule before the finishing time counted), `ngram~G/T/S` its
 outcome_samples to S (0: a call valued at each row's expected tokens, the rule
-before outcomes counted), to compare them side by side.
+before outcomes counted), and `ngram~G/T/S/pool` switches on pool_rows (a
+row's prior mean is the other rows' pooled acceptance), to compare them side
+by side.
 Compilation is excluded (each program runs once untimed first). Every method
-runs on a prompt, or a batch of prompts, before the next prompt or batch, so
-that the machine's drift between runs falls on all methods alike. Rows go to
+runs on a prompt, or a batch of prompts, before the next prompt or batch, and
+with `--repeats` R the methods take turns R times and each keeps its fastest
+run, so that the machine's drift between runs falls on all methods alike. Rows go to
 `<out>/rows.jsonl` as they are measured, and a rerun resumes from them.
 
   .venv/bin/python benchmarks/speculative.py --per_category=2 --max_new_tokens=128
@@ -74,9 +77,9 @@ BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '4', '8', '16'], 'Batch-siz
 BATCH_METHODS = flags.DEFINE_list('batch_methods', ['ngram@4', 'ngram~4'],
                                   'Methods of the batch-size section.')
 REPEATS = flags.DEFINE_integer(
-    'repeats', 1, 'Timed runs of each method on each prompt or batch (after the untimed '
-    'first one); its time is the fastest. This machine\'s timings move by 10% or more '
-    'between runs (other tenants), and the fastest of several is the least disturbed.')
+    'repeats', 1, 'Rounds of timed runs on each prompt or batch (after an untimed first '
+    'run), every method once per round in turn; each keeps its fastest. Timings on a shared '
+    '2-core machine move by 5-10% between runs of the same program.')
 OUT = flags.DEFINE_string('out', 'results/bench_speculative', 'Output directory.')
 REPORT_ONLY = flags.DEFINE_bool('report_only', False,
                                 'Run nothing new: report from the rows already in --out.')
@@ -119,6 +122,7 @@ class Methods:
     self.model, self.params, self.eos = model, params, eos
     self.ngram = make_drafter('ngram', target=model)
     self._seconds = {}
+    self._costs = {}
     self.compiled = set()
     self._batch = None
 
@@ -141,6 +145,18 @@ class Methods:
                                                        batch=batch, num_slots=slots)
     return self._seconds[key]
 
+  def costs(self, buckets, batch, slots):
+    """What the policy weighs, measured as `run` measures it (`step_costs.measure`:
+    every width timed in each round, so a slow spell falls on all of them; timed
+    one after the other, two runs put a batch-4 call over 3 positions at 1.32 and
+    1.51 decode steps). Memoised per shape, so every batch of a shape runs with
+    the same costs."""
+    key = (buckets, batch, slots)
+    if key not in self._costs:
+      self._costs[key] = step_costs.measure(self.model, self.params, buckets, batch=batch,
+                                            num_slots=slots)
+    return self._costs[key]
+
   def policy(self, method, packed):
     gamma, adaptive = _gamma(method), method[5] == '~'
     if not adaptive:
@@ -148,33 +164,45 @@ class Methods:
     parts = method.split('/')
     softness = float(parts[1]) if len(parts) > 1 else draft_length.Policy.finish_softness
     samples = int(parts[2]) if len(parts) > 2 else draft_length.Policy.outcome_samples
+    pool = parts[3] == 'pool' if len(parts) > 3 else draft_length.Policy.pool_rows
     batch, slots = packed.tokens_BxS.shape
     buckets = _buckets(method)
-    costs = tuple(max(1.0, self.seconds(n + 1, batch, slots) / self.seconds(1, batch, slots))
-                  for n in buckets)
+    costs = self.costs(buckets, batch, slots)
     logging.info('costs %s at batch %d, %d slots: %s', buckets, batch, slots, costs)
     return speculative.make_policy(gamma, batch, buckets=buckets, costs=costs,
-                                   finish_softness=softness, outcome_samples=samples)
+                                   finish_softness=softness, outcome_samples=samples,
+                                   pool_rows=pool)
 
-  def run(self, method, prompts, row_ids):
+  def prepare(self, method, prompts, row_ids):
+    """The call that runs `method` on these prompts (compiled and run once, untimed),
+    its packed batch, and the policy's costs (None for the baseline)."""
     gamma = 0 if method == 'autoregressive' else _gamma(method)
     packed = program.pack(self.model, prompts, max_new_tokens=MAX_NEW.value,
                           extra_slots=gamma + 1, row_ids=row_ids)
+    costs = None
     if method == 'autoregressive':
       call = lambda: autoregressive.generate(self.model, self.params, packed,  # noqa: E731
                                              max_new_tokens=MAX_NEW.value, eos_ids=self.eos)
     else:
       policy = self.policy(method, packed)
+      costs = list(policy.costs)
       call = lambda: speculative.generate(self.model, self.params, self.ngram, packed,  # noqa: E731
                                           gamma=gamma, max_new_tokens=MAX_NEW.value,
                                           eos_ids=self.eos, policy=policy)
     if (method, packed.bucket) not in self.compiled:
       call()
       self.compiled.add((method, packed.bucket))
-    results = [call() for _ in range(max(1, REPEATS.value))]
-    fastest = min(results, key=lambda r: r.wall_s)
-    costs = None if method == 'autoregressive' else list(policy.costs)
-    return fastest, packed, [r.wall_s for r in results], costs
+    return call, packed, costs
+
+
+def timed_runs(calls: dict, repeats: int) -> dict:
+  """Each call's results over `repeats` rounds, every call once per round in turn,
+  so that a slow spell of the machine falls on all methods alike."""
+  results = {m: [] for m in calls}
+  for _ in range(max(1, repeats)):
+    for m, call in calls.items():
+      results[m].append(call())
+  return results
 
 
 def _rows(path):
@@ -206,41 +234,47 @@ def main(argv):
   rows = _rows(rows_path)
   start = time.time()
 
-  jobs = [(1, method, [p]) for p in chosen for method in methods]
+  # Batch 1 runs when asked for, or when there are batch-1 methods beside the baseline.
+  batch_one = len(methods) > 1 or '1' in BATCH_SIZES.value
+  groups = [(1, [p], methods) for p in chosen] if batch_one else []
   for b in (int(x) for x in BATCH_SIZES.value):
     if b == 1:
       continue
-    jobs += [(b, method, chosen[i:i + b]) for i in range(0, len(chosen) - b + 1, b)
-             for method in ['autoregressive'] + BATCH_METHODS.value]
+    groups += [(b, chosen[i:i + b], ['autoregressive'] + BATCH_METHODS.value)
+               for i in range(0, len(chosen) - b + 1, b)]
   with open(rows_path, 'a', encoding='utf-8') as out:
-    for n, (batch, method, ps) in enumerate(jobs):
-      key = f'{batch}|{method}|{"+".join(p.id for p in ps)}'
-      if key in rows or REPORT_ONLY.value:
+    for n, (batch, ps, group_methods) in enumerate(groups):
+      keys = {m: f'{batch}|{m}|{"+".join(p.id for p in ps)}' for m in group_methods}
+      todo = [m for m in group_methods if keys[m] not in rows]
+      if not todo or REPORT_ONLY.value:
         continue
       runner.batch_size(batch)
-      result, packed, walls, costs = runner.run(method, [ids[p.id] for p in ps],
-                                                [zlib.crc32(p.id.encode()) for p in ps])
-      row = dict(key=key, batch=batch, method=method, prompt_ids=[p.id for p in ps],
-                 categories=[p.category for p in ps], slots=packed.num_slots,
-                 new_tokens=[len(t) for t in result.new_tokens], wall_s=result.wall_s,
-                 wall_s_runs=walls,
-                 decode_step_s=runner.seconds(1, batch, packed.num_slots),
-                 steps=result.steps, width_calls=getattr(result, 'width_calls', None),
-                 widths=(list(_buckets(method)) if '~' in method else
-                         None if method == 'autoregressive' else [_gamma(method)]),
-                 costs=costs,
-                 output_ids=result.new_tokens,
-                 target_calls=getattr(result, 'target_calls', [result.steps + 1] * len(ps)),
-                 plain_calls=getattr(result, 'plain_calls', None),
-                 drafted=getattr(result, 'drafted_tokens', None),
-                 accepted=getattr(result, 'accepted_tokens', None))
-      rows[key] = row
-      out.write(json.dumps(row) + '\n')
-      out.flush()
-      done = n + 1
-      logging.info('[%d/%d, %.0f s] batch %d %s %s: %.1f tok/s', done, len(jobs),
-                   time.time() - start, batch, method, row['prompt_ids'][0],
-                   sum(row['new_tokens']) / row['wall_s'])
+      prepared = {m: runner.prepare(m, [ids[p.id] for p in ps],
+                                    [zlib.crc32(p.id.encode()) for p in ps]) for m in todo}
+      runs = timed_runs({m: prepared[m][0] for m in todo}, REPEATS.value)
+      for m in todo:
+        _, packed, costs = prepared[m]
+        result = min(runs[m], key=lambda r: r.wall_s)
+        row = dict(key=keys[m], batch=batch, method=m, prompt_ids=[p.id for p in ps],
+                   categories=[p.category for p in ps], slots=packed.num_slots,
+                   new_tokens=[len(t) for t in result.new_tokens], wall_s=result.wall_s,
+                   wall_s_runs=[r.wall_s for r in runs[m]],
+                   decode_step_s=runner.seconds(1, batch, packed.num_slots),
+                   steps=result.steps, width_calls=getattr(result, 'width_calls', None),
+                   widths=(list(_buckets(m)) if '~' in m else
+                           None if m == 'autoregressive' else [_gamma(m)]),
+                   costs=costs, output_ids=result.new_tokens,
+                   target_calls=getattr(result, 'target_calls', [result.steps + 1] * len(ps)),
+                   plain_calls=getattr(result, 'plain_calls', None),
+                   drafted=getattr(result, 'drafted_tokens', None),
+                   accepted=getattr(result, 'accepted_tokens', None))
+        rows[row['key']] = row
+        out.write(json.dumps(row) + '\n')
+        out.flush()
+      logging.info('[%d/%d, %.0f s] batch %d %s: %s', n + 1, len(groups), time.time() - start,
+                   batch, ps[0].id, ', '.join(
+                       f"{m} {sum(rows[keys[m]]['new_tokens']) / rows[keys[m]]['wall_s']:.1f} tok/s"
+                       for m in todo))
 
   slots = sorted({r['slots'] for r in rows.values() if r['batch'] == 1})
   cost_table = {s: {n: runner.seconds(n + 1, 1, s) for n in WIDTHS} for s in slots}

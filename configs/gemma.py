@@ -77,9 +77,10 @@ def get_config(arg=None):
   # gamma; empty costs: measured on this device for each batch shape. In a batch,
   # rows that lag by more than ~finish_softness tokens decide (a batch finishes
   # with its slowest row), a call valued over outcome_samples outcomes of its
-  # acceptances (0: at expected tokens).
+  # acceptances (0: at expected tokens); with pool_rows a row's prior acceptance
+  # is what the batch's other rows showed (off: no gain measured).
   c.draft_length = dict(adaptive=True, buckets=(), costs=(), finish_softness=4.0,
-                        outcome_samples=64)
+                        outcome_samples=64, pool_rows=False)
   # '' = chains of gamma drafts. Else a static token tree verified in one target call
   # per step: 'chain-G', 'medusa-16', 'eagle-25', or parent indices '-1,0,0,1' (node i
   # continues node parents[i]; -1 is the pending token). With a tree, gamma is its

@@ -11,6 +11,7 @@ from ml_collections import config_flags
 import pytest
 
 from specjax.experiments import config as config_lib
+from specjax.experiments import methods
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_PATH = ROOT / 'configs' / 'gemma.py'
@@ -144,6 +145,7 @@ def test_draft_model_drafter_needs_a_checkpoint():
      r'config.draft_length.outcome_samples must be an int >= 0'),
     ('draft_length', {'outcome_samples': 6.5},
      r'config.draft_length.outcome_samples must be an int'),
+    ('draft_length', {'pool_rows': 1}, r'config.draft_length.pool_rows must be a bool, got 1'),
 ])
 def test_bad_nested_settings_fail_before_anything_loads(key, value, message):
   values = get_config().to_dict()
@@ -245,3 +247,18 @@ def test_a_tree_sets_gamma_verify_slots_and_fingerprint():
   assert preflight.verify_slots(tree, 'autoregressive') == 1
   assert tree.fingerprint('ngram') != base.fingerprint('ngram')
   assert tree.fingerprint('autoregressive') == base.fingerprint('autoregressive')
+
+
+def test_draft_length_settings_reach_the_policy():
+  """Each nested draft_length key sets the loop's policy (costs given, so nothing
+  is measured and no model is needed)."""
+  values = get_config().to_dict()
+  values['draft_length'] = dict(values['draft_length'], buckets=(0, 2, 4), costs=(1.0, 1.2, 1.5),
+                                pool_rows=False, outcome_samples=8, finish_softness=2.0)
+  config = config_lib.ExperimentConfig.from_config(values)
+  policy = methods._policy(None, None, config, None, (4, 128))  # pylint: disable=protected-access
+  assert policy.buckets == (0, 2, 4) and policy.costs == (1.0, 1.2, 1.5)
+  assert (policy.pool_rows, policy.outcome_samples, policy.finish_softness) == (False, 8, 2.0)
+  values['draft_length'] = dict(values['draft_length'], pool_rows=True)
+  assert methods._policy(None, None, config_lib.ExperimentConfig.from_config(values), None,  # pylint: disable=protected-access
+                         (4, 128)).pool_rows

@@ -360,6 +360,45 @@ def test_a_large_level_batch_does_not_verify_on_the_prior_alone():
     draft_length.Policy((0, 4), (1.0, 1.9), outcome_samples=-1)
 
 
+def test_pooled_prior_is_the_other_rows_rate_and_the_fixed_prior_at_batch_1():
+  """A row's prior mean is what the other rows showed: a fresh row beside rows
+  that rejected is estimated below the prior, beside rows that accepted above
+  it, and its own counts outweigh the pool as they grow. At batch 1, and with
+  pool_rows off, the estimate is the fixed prior's."""
+  policy = draft_length.Policy((0, 2), (1.0, 1.3), pool_rows=True)
+  own = dataclasses.replace(policy, pool_rows=False)
+  one = draft_length.History(jnp.asarray([3.0]), jnp.asarray([1.0]))
+  expected = (3.0 + policy.prior * policy.prior_weight) / (4.0 + policy.prior_weight)
+  for p in (policy, own):
+    assert float(one.acceptance(p)[0]) == pytest.approx(expected)
+  rejecting = draft_length.History(jnp.asarray([0.0, 0.0, 0.0]), jnp.asarray([0.0, 1.0, 1.0]))
+  accepting = draft_length.History(jnp.asarray([0.0, 6.0, 6.0]), jnp.asarray([0.0, 1.0, 1.0]))
+  assert float(rejecting.acceptance(policy)[0]) < policy.prior
+  assert float(accepting.acceptance(policy)[0]) > policy.prior
+  assert float(rejecting.acceptance(own)[0]) == pytest.approx(policy.prior)
+  # A rejecting row beside another rejecting one: its prior mean (1 + 0) / (2 + 1) = 1/3,
+  # so (0 + 2/3) / (2 + 1) = 2/9, against 1/3 on the fixed prior alone.
+  np.testing.assert_allclose(rejecting.acceptance(policy)[1:], 2.0 / 9.0, rtol=1e-6)
+  np.testing.assert_allclose(rejecting.acceptance(own)[1:], 1.0 / 3.0, rtol=1e-6)
+  proven = draft_length.History(jnp.asarray([40.0, 0.0, 0.0]), jnp.asarray([2.0, 5.0, 5.0]))
+  assert float(proven.acceptance(policy)[0]) > 0.9
+
+
+def test_a_batch_whose_rows_all_rejected_stops_drafting_at_once():
+  """Four level rows with matches; three rejected their first drafts and the
+  fourth has not drafted yet. With each row on its own prior the fresh row
+  (the prior's 0.5) still makes a call worth its cost; pooled, the batch's
+  evidence that drafts fail here takes a plain step."""
+  policy = draft_length.Policy((0, 2, 4), (1.0, 1.3, 2.0), finish_softness=1.0, pool_rows=True)
+  own = dataclasses.replace(policy, pool_rows=False)
+  costs = jnp.asarray(policy.costs)
+  live, evidence = jnp.ones((4,), bool), jnp.full((4,), 4)
+  remaining = jnp.asarray([60, 50, 50, 50])   # the fresh row lags: it sets the finishing time
+  history = draft_length.History(jnp.zeros((4,)), jnp.asarray([0.0, 1.0, 1.0, 1.0]))
+  assert int(draft_length.choose(own, costs, history, evidence, live, remaining)[0]) > 0
+  assert int(draft_length.choose(policy, costs, history, evidence, live, remaining)[0]) == 0
+
+
 def test_drafts_past_what_a_row_has_left_are_worth_nothing():
   """With 3 tokens left a call over 2 drafts commits as much as one over 4, so the
   cheaper one is taken; taking min(E, R) instead valued the fourth draft."""

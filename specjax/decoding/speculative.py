@@ -340,7 +340,9 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
       accepted_at_BxG=c.accepted_at_BxG + live_i[:, None] * (
           jnp.arange(gamma)[None, :] < accepted_B[:, None]),
       width_calls_N=c.width_calls_N.at[index].add(1))
-  history = state.history.record(policy, jnp.where(live_B, k_B, 0), num_accepted_B)
+  # A finished row's calls are no evidence (they may verify drafts it never commits).
+  history = state.history.record(policy, jnp.where(live_B, k_B, 0),
+                                 jnp.where(live_B, num_accepted_B, 0))
   return SpecState(new, drafter_state, history, counters)
 
 
@@ -387,8 +389,8 @@ def check_gamma(gamma) -> int:
 def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
                 buckets: Sequence[int] = (), costs: Sequence[float] = (),
                 finish_softness: float = draft_length.Policy.finish_softness,
-                outcome_samples: int = draft_length.Policy.outcome_samples
-                ) -> draft_length.Policy:
+                outcome_samples: int = draft_length.Policy.outcome_samples,
+                pool_rows: bool = draft_length.Policy.pool_rows) -> draft_length.Policy:
   """The draft-length policy for `gamma`: fixed, or adaptive over `buckets`
   (default: 0, about gamma / 2, gamma) with measured `costs` (default: the
   roofline stand-in)."""
@@ -400,7 +402,8 @@ def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
                      f'gamma={gamma}, got {buckets}')
   costs = tuple(costs) or draft_length.roofline_costs(buckets, batch)
   return draft_length.Policy(buckets=buckets, costs=costs, adaptive=True,
-                             finish_softness=finish_softness, outcome_samples=outcome_samples)
+                             finish_softness=finish_softness, outcome_samples=outcome_samples,
+                             pool_rows=pool_rows)
 
 
 def generate(target: LanguageModel, target_params, drafter: Drafter,

@@ -58,8 +58,10 @@ Array = jax.Array
 # Drafters whose update reads a target call whole, so they can draft after n-gram drafts.
 FALLBACKS = ('eagle', 'medusa', 'draft_model', 'layer_skip', 'early_exit')
 CHOICES = ('lookup', 'history')
-# The prior and the decay of each source's acceptance history: the loop's defaults.
-_HISTORY = draft_length.fixed(1)
+# The prior and the decay of each source's acceptance history: the loop's defaults,
+# each row on its own (the choice is per row: lookup may fail on one row's text and
+# not on another's).
+_HISTORY = dataclasses.replace(draft_length.fixed(1), pool_rows=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ SHARED_KEYS = ('model', 'tokenizer', 'prompts', 'max_new_tokens', 'temperature',
 # its own nested settings entry (named like the drafter).
 _LOOP_KEYS = ('gamma', 'draft_length')
 DRAFT_LENGTH_KEYS = {'adaptive': bool, 'buckets': tuple, 'costs': tuple, 'finish_softness': float,
-                     'outcome_samples': int}
+                     'outcome_samples': int, 'pool_rows': bool}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -123,4 +123,5 @@ def _policy(model, params, config: ExperimentConfig, drafter, shape_BxS: tuple[i
   return speculative.make_policy(
       config.gamma, shape_BxS[0], buckets=buckets, costs=costs,
       finish_softness=settings.get('finish_softness', draft_length.Policy.finish_softness),
-      outcome_samples=settings.get('outcome_samples', draft_length.Policy.outcome_samples))
+      outcome_samples=settings.get('outcome_samples', draft_length.Policy.outcome_samples),
+      pool_rows=settings.get('pool_rows', draft_length.Policy.pool_rows))

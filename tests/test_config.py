@@ -255,10 +255,10 @@ def test_draft_length_settings_reach_the_policy():
   values = get_config().to_dict()
   values['draft_length'] = dict(values['draft_length'], buckets=(0, 2, 4), costs=(1.0, 1.2, 1.5),
                                 pool_rows=False, outcome_samples=8, finish_softness=2.0)
-  config = config_lib.ExperimentConfig.from_config(values)
-  policy = methods._policy(None, None, config, None, (4, 128))  # pylint: disable=protected-access
+  policy_for = methods._policy  # pylint: disable=protected-access
+  policy = policy_for(None, None, config_lib.ExperimentConfig.from_config(values), None, (4, 128))
   assert policy.buckets == (0, 2, 4) and policy.costs == (1.0, 1.2, 1.5)
   assert (policy.pool_rows, policy.outcome_samples, policy.finish_softness) == (False, 8, 2.0)
   values['draft_length'] = dict(values['draft_length'], pool_rows=True)
-  assert methods._policy(None, None, config_lib.ExperimentConfig.from_config(values), None,  # pylint: disable=protected-access
-                         (4, 128)).pool_rows
+  assert policy_for(None, None, config_lib.ExperimentConfig.from_config(values), None,
+                    (4, 128)).pool_rows

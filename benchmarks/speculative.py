@@ -19,7 +19,7 @@ model and flags:
 
 Methods are `ngram@G` (fixed: gamma G drafts verified every step) and
 `ngram~G` (adaptive: up to G, by evidence and measured costs, over the default
-widths 0, about G / 2 and G); `ngram~G:0-1-2-G` sets the widths the adaptive
+widths 0, the even counts below G, and G); `ngram~G:0-1-2-G` sets the widths the adaptive
 policy chooses among (each one a branch of the compiled program);
 `ngram~G/T` sets its finish_softness to T tokens (`inf`: the mean over rows,
 the rule before the finishing time counted), `ngram~G/T/S` its

@@ -162,7 +162,7 @@ ADAPTIVE_COSTS = {'cheap': 0.01, 'dear': 0.27}
 
 def run_speculative(drafter, cfg, gamma, *, prompt=PROMPT, seed=0, adaptive=False):
   """Fixed gamma, or the adaptive policy (`ADAPTIVE_COSTS`): rows then verify 0,
-  about gamma / 2 or gamma drafts by their evidence and acceptance history."""
+  the even counts below gamma or gamma drafts by their evidence and acceptance history."""
   if adaptive:
     buckets = draft_length.default_buckets(gamma)
     per = ADAPTIVE_COSTS[adaptive]

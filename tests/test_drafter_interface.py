@@ -250,6 +250,22 @@ def test_choose_prefers_a_plain_step_for_a_large_batch_with_expensive_calls():
   assert choose(cheap, jnp.asarray([0])) == 0
 
 
+def test_default_widths_keep_a_short_call_within_a_batchs_reach():
+  """Widths step by 2 up to gamma: where only a short call pays (a batch, whose long calls
+  are compute-bound), gamma 6 still offers it, as (0, 3, 6) would not."""
+  assert [draft_length.default_buckets(g) for g in (1, 2, 3, 4, 5, 6, 8)] == [
+      (0, 1), (0, 1, 2), (0, 2, 3), (0, 2, 4), (0, 2, 4, 5), (0, 2, 4, 6), (0, 2, 4, 6, 8)]
+  cost_of = {0: 1.0, 2: 1.3, 3: 2.2, 4: 2.6, 6: 3.8}   # per call, in decode steps
+  def width(buckets):
+    policy = draft_length.Policy(buckets, tuple(cost_of[n] for n in buckets))
+    index, _ = draft_length.choose(policy, jnp.asarray(policy.costs),
+                                   draft_length.History.init(1), jnp.asarray([6]),
+                                   jnp.asarray([True]), jnp.asarray([100]))
+    return buckets[int(index)]
+  assert width(draft_length.default_buckets(6)) == 2
+  assert width((0, 3, 6)) == 0
+
+
 def test_choose_follows_the_rows_that_set_the_batchs_finishing_time():
   """A batch finishes with its slowest row: when the row left behind has no
   evidence, a call whose cost only the leading rows repay is not worth it, and

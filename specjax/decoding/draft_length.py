@@ -138,8 +138,17 @@ class Policy:
 
 
 def default_buckets(gamma: int) -> tuple[int, ...]:
-  """A plain step, about half of gamma, and gamma: three compiled call widths."""
-  return tuple(sorted({0, (gamma + 1) // 2, gamma}))
+  """A plain step, every even draft count below gamma, and gamma (gamma <= 2: every count).
+
+  Short calls are the ones a batch can afford: at batch 4 on a 2-core CPU only
+  calls over 3 positions paid (a call there is compute-bound), while at batch 1
+  calls of 6 drafts paid on text that copies well. Steps of 2 keep both within
+  reach: gamma 4 -> (0, 2, 4), gamma 6 -> (0, 2, 4, 6), gamma 3 -> (0, 2, 3),
+  gamma 2 -> (0, 1, 2) (experiments/2026-12-default-gamma-gemma270m-cpu).
+  """
+  if gamma <= 2:
+    return tuple(range(gamma + 1))
+  return tuple(sorted({0, *range(2, gamma, 2), gamma}))
 
 
 def roofline_costs(buckets: Sequence[int], batch: int) -> tuple[float, ...]:

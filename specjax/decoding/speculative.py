@@ -392,7 +392,7 @@ def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
                 outcome_samples: int = draft_length.Policy.outcome_samples,
                 pool_rows: bool = draft_length.Policy.pool_rows) -> draft_length.Policy:
   """The draft-length policy for `gamma`: fixed, or adaptive over `buckets`
-  (default: 0, about gamma / 2, gamma) with measured `costs` (default: the
+  (default: 0, the even counts below gamma, gamma) with measured `costs` (default: the
   roofline stand-in)."""
   if not adaptive:
     return draft_length.fixed(gamma)

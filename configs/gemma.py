@@ -70,15 +70,20 @@ def get_config(arg=None):
   # gemma270m-cpu); both run beside the autoregressive baseline. The shipped drafters
   # are tied to the embedded 270M: for another target give drafters=ngram.
   c.drafters = ('ngram', 'hybrid')
-  c.gamma = 4                   # the most tokens drafted per target call
+  # The most tokens drafted per target call. 6: on raw-text Spec-Bench at batch 1 the
+  # adaptive policy up to 6 ran within 5% of the best fixed gamma on every task where up
+  # to 4 fell to 0.82-0.86 on stem (experiments/2026-12-default-gamma-gemma270m-cpu).
+  # Medusa's shipped heads draft at most 4: give gamma=4 with them.
+  c.gamma = 6
   # Per step, each row verifies as many drafts as its evidence supports and the
   # call's width maximises expected tokens per measured cost (0 = a plain step);
-  # adaptive=False verifies gamma drafts every step. Empty buckets: 0, ~gamma/2,
-  # gamma; empty costs: measured on this device for each batch shape. In a batch,
-  # rows that lag by more than ~finish_softness tokens decide (a batch finishes
-  # with its slowest row), a call valued over outcome_samples outcomes of its
-  # acceptances (0: at expected tokens); with pool_rows a row's prior acceptance
-  # is what the batch's other rows showed (off: no gain measured).
+  # adaptive=False verifies gamma drafts every step. Empty buckets: 0, the even
+  # counts below gamma, and gamma; empty costs: measured on this device for each
+  # batch shape. In a batch, rows that lag by more than ~finish_softness tokens
+  # decide (a batch finishes with its slowest row), a call valued over
+  # outcome_samples outcomes of its acceptances (0: at expected tokens); with
+  # pool_rows a row's prior acceptance is what the batch's other rows showed (off:
+  # no gain measured).
   c.draft_length = dict(adaptive=True, buckets=(), costs=(), finish_softness=4.0,
                         outcome_samples=64, pool_rows=False)
   # '' = chains of gamma drafts. Else a static token tree verified in one target call

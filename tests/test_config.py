@@ -173,11 +173,11 @@ def test_unknown_and_missing_keys_fail_when_called_from_python():
 def test_fingerprints_follow_what_each_method_depends_on():
   values = get_config().to_dict()
   base = config_lib.ExperimentConfig.from_config(values)
-  gamma6 = config_lib.ExperimentConfig.from_config({**values, 'gamma': 6})
+  gamma4 = config_lib.ExperimentConfig.from_config({**values, 'gamma': 4})
   more = config_lib.ExperimentConfig.from_config({**values, 'limit': 3, 'drafters': ()})
   hot = config_lib.ExperimentConfig.from_config({**values, 'temperature': 0.7})
-  assert base.fingerprint('autoregressive') == gamma6.fingerprint('autoregressive')
-  assert base.fingerprint('ngram') != gamma6.fingerprint('ngram')
+  assert base.fingerprint('autoregressive') == gamma4.fingerprint('autoregressive')
+  assert base.fingerprint('ngram') != gamma4.fingerprint('ngram')
   assert base.fingerprint('early_exit') == base.fingerprint('early_exit')
   assert base.fingerprint('ngram') == more.fingerprint('ngram')
   assert base.fingerprint('autoregressive') != hot.fingerprint('autoregressive')
@@ -241,9 +241,9 @@ def test_a_tree_sets_gamma_verify_slots_and_fingerprint():
   tree = config_lib.ExperimentConfig.from_config({**values, 'tree': 'eagle-25'})
   chain = config_lib.ExperimentConfig.from_config({**values, 'tree': 'chain-3',
                                                    'drafters': ('early_exit',)})
-  assert base.token_tree is None and base.loop_gamma == 4
+  assert base.token_tree is None and base.loop_gamma == 6
   assert tree.loop_gamma == 5 and chain.loop_gamma == 3
-  assert preflight.verify_slots(tree, 'ngram') == 26 and preflight.verify_slots(base, 'ngram') == 5
+  assert preflight.verify_slots(tree, 'ngram') == 26 and preflight.verify_slots(base, 'ngram') == 7
   assert preflight.verify_slots(tree, 'autoregressive') == 1
   assert tree.fingerprint('ngram') != base.fingerprint('ngram')
   assert tree.fingerprint('autoregressive') == base.fingerprint('autoregressive')
@@ -252,7 +252,7 @@ def test_a_tree_sets_gamma_verify_slots_and_fingerprint():
 def test_draft_length_settings_reach_the_policy():
   """Each nested draft_length key sets the loop's policy (costs given, so nothing
   is measured and no model is needed)."""
-  values = get_config().to_dict()
+  values = {**get_config().to_dict(), 'gamma': 4}
   values['draft_length'] = dict(values['draft_length'], buckets=(0, 2, 4), costs=(1.0, 1.2, 1.5),
                                 pool_rows=False, outcome_samples=8, finish_softness=2.0)
   policy_for = methods._policy  # pylint: disable=protected-access

@@ -20,6 +20,7 @@ from specjax.checkpoints import CheckpointError
 from specjax.experiments import loading
 from specjax.experiments import lock as lock_lib
 from specjax.experiments import methods
+from specjax.experiments.config import ConfigError
 from specjax.experiments import prompts as prompts_lib
 from specjax.experiments import results as results_lib
 from specjax.experiments import tiny
@@ -286,6 +287,27 @@ def test_a_failed_start_leaves_nothing_that_refuses_the_corrected_rerun(tmp_path
   monkeypatch.undo()
   experiment.run_experiment(tiny_config(tmp_path, drafters=(), max_new_tokens=5))  # not refused
   assert len(read_rows(tiny_config(tmp_path))) == 3
+
+
+def test_medusa_heads_fewer_than_gamma_are_refused_before_any_row(tmp_path):
+  """Two heads draft at most two tokens: gamma 3 (or a 3-deep tree) is a config error naming
+  the fix, raised before the baseline runs; gamma 2 then serves them exactly."""
+  from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
+  from specjax.drafters import medusa  # pylint: disable=g-import-not-at-top
+  target_config, _, _ = tiny.load(0)
+  heads = tmp_path / 'heads'
+  drafter_io.save_drafter(heads, 'medusa', medusa.init_heads(2, target_config.embed_dim),
+                          target=drafter_io.target_signature(target_config, ''))
+  for overrides in (dict(gamma=3), dict(gamma=2, tree='-1,0,1')):
+    config = tiny_config(tmp_path / 'run', drafters=('medusa',),
+                         medusa=dict(checkpoint=str(heads), min_confidence=0.0), **overrides)
+    with pytest.raises(ConfigError, match=r'has 2 heads.*--config.gamma=2'):
+      experiment.run_experiment(config)
+    assert not (pathlib.Path(config.output_dir) / 'results.jsonl').exists()
+  config = tiny_config(tmp_path / 'run', drafters=('medusa',), gamma=2,
+                       medusa=dict(checkpoint=str(heads), min_confidence=0.0))
+  experiment.run_experiment(config)
+  assert all(r['identical_to_baseline'] for r in read_rows(config) if r['method'] == 'medusa')
 
 
 def test_a_truncated_config_json_does_not_lock_the_directory(tmp_path, monkeypatch):

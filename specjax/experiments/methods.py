@@ -25,7 +25,7 @@ from specjax.decoding import speculative
 from specjax.decoding import step_costs
 from specjax.experiments import loading
 from specjax.experiments import preflight
-from specjax.experiments.config import BASELINE, ExperimentConfig
+from specjax.experiments.config import BASELINE, ConfigError, ExperimentConfig
 
 
 @dataclasses.dataclass
@@ -76,12 +76,15 @@ def _autoregressive(model, params, config: ExperimentConfig, eos_ids) -> Runner:
 
 def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runner:
   network = config.network_of(name)   # the hybrid's fallback, else name
+  trained = (loading.load_trained_drafter(config, model, network)
+             if network in drafters.TRAINED_DRAFTERS else None)
+  if network == 'medusa':
+    _check_medusa_depth(config, trained[0])
   drafter = drafters.make_drafter(
       name, target=model, settings=config.drafter_settings(name),
       draft_model=(loading.load_draft_model(config, model, params)
                    if network == 'draft_model' else None),
-      trained=(loading.load_trained_drafter(config, model, network)
-               if network in drafters.TRAINED_DRAFTERS else None),
+      trained=trained,
       fallback_settings=config.drafter_settings(network) if network != name else None,
       target_params=params)  # the tokenizer was checked against a draft vocabulary in preflight
   policy_for = functools.cache(functools.partial(_policy, model, params, config, drafter))
@@ -101,6 +104,18 @@ def _speculative(name, model, params, config: ExperimentConfig, eos_ids) -> Runn
              for i in range(len(out.new_tokens))]
     return BatchResult(out.new_tokens, out.wall_s, stats)
   return Runner(run, _packer(model, config, preflight.verify_slots(config, name)))
+
+
+def _check_medusa_depth(config: ExperimentConfig, heads) -> None:
+  """Head k drafts the k-th token ahead, so K heads draft at most K per call: say so
+  before any run starts, not when the loop is traced."""
+  num_heads = len(heads['w_KxDxD'])
+  if config.loop_gamma > num_heads:
+    what = f'tree {config.tree!r} is {config.loop_gamma} deep' if config.tree else \
+        f'gamma is {config.loop_gamma}'
+    raise ConfigError(f'the medusa checkpoint {config.medusa["checkpoint"]!r} has {num_heads} '
+                      f'heads, so it drafts at most {num_heads} tokens per call, but the '
+                      f'{what}: give --config.gamma={num_heads} (or fewer)')
 
 
 def _policy(model, params, config: ExperimentConfig, drafter, shape_BxS: tuple[int, int]

@@ -55,11 +55,17 @@ def _tiny(**overrides):
 
 
 @pytest.mark.parametrize('family', ['gemma3', 'gemma2'])
-def test_cached_decode_equals_full_forward_across_the_window(family):
+@pytest.mark.parametrize('slots', [21, 32])
+def test_cached_decode_equals_full_forward_across_the_window(family, slots):
+  """With 21 slots the full forward (20 tokens, a window of 25 slots) reads the whole
+  cache and each decode step its 6-slot window; with 32 both read windows, the
+  slice starting at the first slot."""
   extra = dict(attn_logit_softcap=50.0, final_logit_softcap=30.0, use_qk_norm=False,
                global_every=2) if family == 'gemma2' else {}
   cfg, params, model = _tiny(family=family, **extra)
-  length, batch, slots = 3 * cfg.sliding_window + 2, 2, 32
+  length, batch = 3 * cfg.sliding_window + 2, 2
+  assert gemma.window_slots(21, cfg.sliding_window, length) is None
+  assert gemma.window_slots(21, cfg.sliding_window, 1) == cfg.sliding_window
   tokens = jax.random.randint(jax.random.key(1), (batch, length), 0, cfg.vocab_size)
   positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
   full, _ = _logits_cache(model.forward(params, tokens, positions, model.init_cache(batch, slots)))

@@ -20,10 +20,10 @@ from specjax.checkpoints import CheckpointError
 from specjax.experiments import loading
 from specjax.experiments import lock as lock_lib
 from specjax.experiments import methods
-from specjax.experiments.config import ConfigError
 from specjax.experiments import prompts as prompts_lib
 from specjax.experiments import results as results_lib
 from specjax.experiments import tiny
+from specjax.experiments.config import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -298,10 +298,11 @@ def test_medusa_heads_fewer_than_gamma_are_refused_before_any_row(tmp_path):
   heads = tmp_path / 'heads'
   drafter_io.save_drafter(heads, 'medusa', medusa.init_heads(2, target_config.embed_dim),
                           target=drafter_io.target_signature(target_config, ''))
-  for overrides in (dict(gamma=3), dict(gamma=2, tree='-1,0,1')):
+  for overrides, fix in ((dict(gamma=3), '--config.gamma=2'),
+                         (dict(gamma=2, tree='-1,0,1'), 'a tree at most 2 deep')):
     config = tiny_config(tmp_path / 'run', drafters=('medusa',),
                          medusa=dict(checkpoint=str(heads), min_confidence=0.0), **overrides)
-    with pytest.raises(ConfigError, match=r'has 2 heads.*--config.gamma=2'):
+    with pytest.raises(ConfigError, match=rf'has 2 heads.*{fix}'):
       experiment.run_experiment(config)
     assert not (pathlib.Path(config.output_dir) / 'results.jsonl').exists()
   config = tiny_config(tmp_path / 'run', drafters=('medusa',), gamma=2,

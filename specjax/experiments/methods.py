@@ -111,11 +111,11 @@ def _check_medusa_depth(config: ExperimentConfig, heads) -> None:
   before any run starts, not when the loop is traced."""
   num_heads = len(heads['w_KxDxD'])
   if config.loop_gamma > num_heads:
-    what = f'tree {config.tree!r} is {config.loop_gamma} deep' if config.tree else \
-        f'gamma is {config.loop_gamma}'
+    fix = (f'the tree {config.tree!r} is {config.loop_gamma} deep: give a tree at most '
+           f'{num_heads} deep' if config.tree else
+           f'gamma is {config.loop_gamma}: give --config.gamma={num_heads} (or fewer)')
     raise ConfigError(f'the medusa checkpoint {config.medusa["checkpoint"]!r} has {num_heads} '
-                      f'heads, so it drafts at most {num_heads} tokens per call, but the '
-                      f'{what}: give --config.gamma={num_heads} (or fewer)')
+                      f'heads, so it drafts at most {num_heads} tokens per call, but {fix}')
 
 
 def _policy(model, params, config: ExperimentConfig, drafter, shape_BxS: tuple[int, int]

@@ -21,7 +21,10 @@ gamma + 1 positions close to the cost of a one-token decode step. On CPU, in
 float32, products of 2 to 15 rows go to specjax's own kernel instead
 (`cpu_kernels/skinny_matmul`), which overlaps the weight reads with the
 arithmetic and gives each row the same bits whatever the number of rows it
-runs with (a decode step's single row is XLA's: see skinny_matmul.py). Norm
+runs with (a decode step's single row is XLA's: see skinny_matmul.py). In
+float32 on CPU, the attention of up to 16 new tokens per row (decode and
+verify calls, not a prefill) is specjax's kernel too (`cpu_kernels/attention`):
+it reads only the cache slots some query may see, on every thread. Norm
 `scale`s hold the full multiplier (Gemma's 1 + w), as GGUF files do.
 
 Sharding: called with `model_axis` inside `shard_map`, every parameter is the
@@ -40,6 +43,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specjax.cpu_kernels import attention as attention_lib
 from specjax.cpu_kernels import skinny_matmul as skinny_matmul_lib
 from specjax.models import kv_cache as kv_cache_lib
 from specjax.models.config import GemmaConfig
@@ -161,9 +165,10 @@ def tree_attention_mask(positions_BxT: Array, slots_BxS: Array, start_B: Array,
 
 
 def window_slots(num_slots: int, window: int, num_new: int) -> int | None:
-  """How many cache slots a local layer reads, or None to read them all.
+  """How many cache slots a local layer gives XLA's attention, or None for all of them.
 
-  T new tokens from position p attend to slots (p - window, p + T - 1]: a
+  (The CPU attention kernel takes the whole cache and skips what the mask
+  hides on its own.) T new tokens from position p attend to slots (p - window, p + T - 1]: a
   window of window + T - 1 slots. Reading only those (a per-row dynamic slice)
   pays off whenever the cache is longer: at 1024 slots a call over 9 positions
   of the 270M took 67 ms reading 520 slots against 74-77 ms reading all 1024
@@ -227,11 +232,14 @@ class Attention(nn.Module):
     layer_cache = kv_cache_lib.write(layer_cache, k, v, start_B)
     num_slots = layer_cache['k'].shape[1]
     window = cfg.sliding_window if self.kind == 'local' else None
-    length = None if window is None else window_slots(num_slots, window, t)
-    if length is None:
-      k_BxSxKxH, v_BxSxKxH = layer_cache['k'], layer_cache['v']
-      slots_BxS = jnp.broadcast_to(jnp.arange(num_slots), (b, num_slots))
-    else:
+    k_BxSxKxH, v_BxSxKxH = layer_cache['k'], layer_cache['v']
+    slots_BxS = jnp.broadcast_to(jnp.arange(num_slots), (b, num_slots))
+    # The CPU kernel reads only the slots a query may see, so it takes the
+    # whole cache; XLA's einsums read every slot they are given, so a local
+    # layer gives them its window alone.
+    use_kernel = attention_lib.applies(q, k_BxSxKxH, v_BxSxKxH)
+    length = None if window is None or use_kernel else window_slots(num_slots, window, t)
+    if length is not None:
       first_B = jnp.clip(start_B - window + 1, 0, num_slots - length)
       k_BxSxKxH, v_BxSxKxH = _read_window(layer_cache, first_B, length)
       slots_BxS = first_B[:, None] + jnp.arange(length)[None, :]
@@ -246,18 +254,23 @@ class Attention(nn.Module):
       v_BxSxKxH = jnp.take(v_BxSxKxH, kv_idx, axis=2)
       k_local = num_q
     q_BxTxKxGxH = q.reshape(b, t, k_local, num_q // k_local, h_dim)
-
-    logits = jnp.einsum('btkgh,bskh->bkgts', q_BxTxKxGxH, k_BxSxKxH,
-                        preferred_element_type=jnp.float32)
-    if cfg.attn_logit_softcap is not None:
-      logits = jnp.tanh(logits / cfg.attn_logit_softcap) * cfg.attn_logit_softcap
     if tree_mask_BxTxT is None:
       mask_BxTxS = attention_mask(positions_BxT, slots_BxS, window)
     else:
       mask_BxTxS = tree_attention_mask(positions_BxT, slots_BxS, start_B, tree_mask_BxTxT, window)
-    logits = jnp.where(mask_BxTxS[:, None, None], logits, _NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v_BxSxKxH.dtype)
-    out_BxTxNH = jnp.einsum('bkgts,bskh->btkgh', probs, v_BxSxKxH).reshape(b, t, num_q * h_dim)
+
+    if use_kernel:
+      out_BxTxKxGxH = attention_lib.attention(q_BxTxKxGxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS,
+                                              cfg.attn_logit_softcap)
+      out_BxTxNH = out_BxTxKxGxH.reshape(b, t, num_q * h_dim)
+    else:
+      logits = jnp.einsum('btkgh,bskh->bkgts', q_BxTxKxGxH, k_BxSxKxH,
+                          preferred_element_type=jnp.float32)
+      if cfg.attn_logit_softcap is not None:
+        logits = jnp.tanh(logits / cfg.attn_logit_softcap) * cfg.attn_logit_softcap
+      logits = jnp.where(mask_BxTxS[:, None, None], logits, _NEG_INF)
+      probs = jax.nn.softmax(logits, axis=-1).astype(v_BxSxKxH.dtype)
+      out_BxTxNH = jnp.einsum('bkgts,bskh->btkgh', probs, v_BxSxKxH).reshape(b, t, num_q * h_dim)
     out_BxTxD = linear(out_BxTxNH, o_DxNH)
     if self.model_axis is not None:
       out_BxTxD = jax.lax.psum(out_BxTxD, self.model_axis)

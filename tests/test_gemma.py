@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from specjax import sampling
+from specjax.cpu_kernels import attention as attention_lib
 from specjax.decoding import autoregressive
 from specjax.models import config as config_lib
 from specjax.models import gemma
@@ -56,10 +57,18 @@ def _tiny(**overrides):
 
 @pytest.mark.parametrize('family', ['gemma3', 'gemma2'])
 @pytest.mark.parametrize('slots', [21, 32])
-def test_cached_decode_equals_full_forward_across_the_window(family, slots):
+@pytest.mark.parametrize('attention_kernel', [True, False])
+def test_cached_decode_equals_full_forward_across_the_window(family, slots, attention_kernel,
+                                                              monkeypatch):
   """With 21 slots the full forward (20 tokens, a window of 25 slots) reads the whole
   cache and each decode step its 6-slot window; with 32 both read windows, the
-  slice starting at the first slot."""
+  slice starting at the first slot. With the CPU attention kernel a decode step
+  takes the whole cache and the mask instead of a slice; without it, XLA's
+  einsums read the slice."""
+  if not attention_kernel:
+    monkeypatch.setattr(attention_lib, 'applies', lambda *args: False)
+  elif jax.default_backend() == 'cpu':
+    assert attention_lib.available()
   extra = dict(attn_logit_softcap=50.0, final_logit_softcap=30.0, use_qk_norm=False,
                global_every=2) if family == 'gemma2' else {}
   cfg, params, model = _tiny(family=family, **extra)
@@ -77,7 +86,7 @@ def test_cached_decode_equals_full_forward_across_the_window(family, slots):
     logits, cache = _logits_cache(model.forward(params, tokens[:, t:t + 1], positions[:, t:t + 1], cache))
     steps.append(logits)
   incremental = jnp.concatenate(steps, axis=1)
-  # Local layers read a window slice when decoding: a different summation order.
+  # Decoding reads a window slice, or the kernel sums in its own order.
   np.testing.assert_allclose(incremental, full, atol=1e-4, rtol=1e-5)
   assert float(jnp.abs(full).max()) > 1.0
 

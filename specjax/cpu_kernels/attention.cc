@@ -28,21 +28,21 @@
 #include <thread>
 #include <vector>
 
-#if defined(__FMA__)
-#include <immintrin.h>
-#endif
-
+#include "pool_work.h"
+#include "vector_math.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef float f32x4 __attribute__((vector_size(16)));
+using specjax::f32x8;
+using specjax::kLanes;
+using specjax::load8;
+using specjax::madd;
+using specjax::sum_lanes;
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 
-constexpr int kLanes = 8;
 // Slots per work item: small enough that a short row's few live chunks still
 // spread over the threads, large enough that the per-chunk partial results
 // (one output row per query) cost little beside the chunk's reads.
@@ -61,35 +61,9 @@ constexpr int kKeyBlock = 2;
 #endif
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-inline f32x8 load8(const float* p) {
-  f32x8 v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return v;
-}
-
 inline void store8(float* p, f32x8 v) { __builtin_memcpy(p, &v, sizeof(v)); }
 
 inline f32x8 splat(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
-
-// acc + a * b, fused where the CPU has FMA (the build passes -ffp-contract=off,
-// so the compiler fuses nothing on its own).
-inline f32x8 madd(f32x8 acc, f32x8 a, f32x8 b) {
-#if defined(__FMA__)
-  return reinterpret_cast<f32x8>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a),
-                                                 reinterpret_cast<__m256>(b),
-                                                 reinterpret_cast<__m256>(acc)));
-#else
-  return acc + a * b;
-#endif
-}
-
-inline float sum_lanes(f32x8 a) {
-  f32x4 lo, hi;
-  __builtin_memcpy(&lo, &a, sizeof(lo));
-  __builtin_memcpy(&hi, reinterpret_cast<const char*>(&a) + sizeof(lo), sizeof(hi));
-  f32x4 s = lo + hi;
-  return (s[0] + s[2]) + (s[1] + s[3]);
-}
 
 // e^x for 8 lanes (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
 // polynomial in r, then 2^n by the exponent bits); within 2 ulp on [-87, 88].
@@ -136,8 +110,7 @@ struct Call {
   float* part_sum;
   float* part_out;
   int64_t num_items;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> finished{0};
+  specjax::PoolCounters counters;
 
   const float* query(int64_t b, int64_t n, int64_t k) const {
     const int64_t t = n / d.G, g = n % d.G;
@@ -153,13 +126,11 @@ struct Call {
 
   void chunk(int64_t item, std::vector<int64_t>& live, std::vector<float>& p,
              std::vector<float>& vis) const;
-  void work() {
-    std::vector<int64_t> live;
-    std::vector<float> p, vis;
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < num_items;) {
-      chunk(i, live, p, vis);
-      finished.fetch_add(1, std::memory_order_release);
-    }
+  void item(int64_t i) {
+    // Scratch per thread, kept between calls (as the partial results are).
+    thread_local std::vector<int64_t> live;
+    thread_local std::vector<float> p, vis;
+    chunk(i, live, p, vis);
   }
 };
 
@@ -364,11 +335,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q_BxTxKxGxH,
   call->part_out = parts.data() + 2 * rows;
   call->num_items = items;
 
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  const int64_t helpers = std::min(threads, items) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([call] { call->work(); });
-  call->work();
-  while (call->finished.load(std::memory_order_acquire) < items) std::this_thread::yield();
+  specjax::run_on_pool(pool, call);
   combine(*call);
   return ffi::Error::Success();
 }

@@ -1,12 +1,12 @@
 """Compiles this package's C++ kernels on first use and registers them with XLA:CPU.
 
-A kernel is one .cc file beside this one, built against the XLA FFI headers
+A kernel is one .cc file beside this one (with the shared headers here), built against the XLA FFI headers
 that ship with jaxlib (`jax.ffi.include_dir()`) by the system's C++ compiler
 (`$CXX`, else c++, g++ or clang++) with -O3 -march=native -ffp-contract=off, and registered as a
 CPU FFI target. `$SPECJAX_CPU_KERNELS_MARCH` replaces `native` (`haswell`
 builds what an AVX2-only CPU gets, to measure it on a newer one). Building takes a few seconds, so the library is kept in
 `<cache dir>/cpu-kernels/` ($SPECJAX_CACHE_DIR, else ~/.cache/specjax), named
-by a hash of everything that decides its bits: the source, the flags, the
+by a hash of everything that decides its bits: the source and headers, the flags, the
 compiler's version, jaxlib's version and this CPU's model and feature flags (a
 cache shared between machines never hands one an instruction it lacks). It is
 written to a temporary name and renamed into place, so processes building it
@@ -83,8 +83,9 @@ def _compiler_version(cxx: str) -> str:
 def library_path(name: str, cxx: str, cache_dir: Path | None = None) -> Path:
   """Where the build of kernel `name` by `cxx` for this CPU and jaxlib lives."""
   source = (_SOURCE_DIR / f'{name}.cc').read_bytes()
+  headers = b''.join(h.read_bytes() for h in sorted(_SOURCE_DIR.glob('*.h')))
   key = hashlib.sha256()
-  for part in (source, ' '.join(flags()).encode(), _compiler_version(cxx).encode(),
+  for part in (source, headers, ' '.join(flags()).encode(), _compiler_version(cxx).encode(),
                jaxlib.__version__.encode(), platform.machine().encode(), _cpu_fingerprint().encode()):
     key.update(hashlib.sha256(part).digest())
   from specjax.checkpoints import weight_cache  # pylint: disable=g-import-not-at-top (models import this)

@@ -21,20 +21,20 @@
 #include <memory>
 #include <thread>
 
-#if defined(__FMA__)
-#include <immintrin.h>
-#endif
-
+#include "pool_work.h"
+#include "vector_math.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef float f32x4 __attribute__((vector_size(16)));
+using specjax::f32x8;
+using specjax::kLanes;
+using specjax::load8;
+using specjax::madd;
+using specjax::sum_lanes;
 
-constexpr int kLanes = 8;
 // How far ahead of the row being read the next reads are requested, in floats
 // (64 KiB): measured on a 2-core Zen 4 EPYC, 32-128 KiB all stream at full speed.
 constexpr int64_t kPrefetchFloats = 16384;
@@ -42,34 +42,6 @@ constexpr int64_t kPrefetchFloats = 16384;
 // of up to kMaxGroup rows of x. A multiple of most row blocks below.
 constexpr int64_t kRowsPerPanel = 48;
 constexpr int kMaxGroup = 8;
-
-inline f32x8 load8(const float* p) {
-  f32x8 v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-// acc + a * b, fused where the CPU has FMA. Written out, because the compiler
-// is built with -ffp-contract=off: it must not fuse some multiply-adds and not
-// others, or a row's bits would depend on which loop computed it.
-inline f32x8 madd(f32x8 acc, f32x8 a, f32x8 b) {
-#if defined(__FMA__)
-  return reinterpret_cast<f32x8>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a),
-                                                 reinterpret_cast<__m256>(b),
-                                                 reinterpret_cast<__m256>(acc)));
-#else
-  return acc + a * b;
-#endif
-}
-
-// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)): fixed, whatever the caller.
-inline float sum_lanes(f32x8 a) {
-  f32x4 lo, hi;
-  __builtin_memcpy(&lo, &a, sizeof(lo));
-  __builtin_memcpy(&hi, reinterpret_cast<const char*>(&a) + sizeof(lo), sizeof(hi));
-  f32x4 s = lo + hi;
-  return (s[0] + s[2]) + (s[1] + s[3]);
-}
 
 inline float finish(f32x8 acc, const float* w_row, const float* x_row, int64_t i0, int64_t I) {
   float s = sum_lanes(acc);
@@ -153,24 +125,17 @@ void panel_rows(const float* x, const float* w, float* y, int64_t N, int64_t O, 
   }
 }
 
-// Chunks of rows claimed from a shared counter by the calling thread and by
-// helpers on XLA's pool. A helper that starts after every chunk is claimed
-// returns at once, and the caller only waits for chunks already running, so
-// the call cannot deadlock however many pool threads are free.
+// Chunks of rows, run by `specjax::run_on_pool`.
 struct Chunks {
   const float* x;
   const float* w;
   float* y;
-  int64_t N, O, I, rows_per_chunk, num_chunks;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> finished{0};
+  int64_t N, O, I, rows_per_chunk, num_items;
+  specjax::PoolCounters counters;
 
-  void work() {
-    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < num_chunks;) {
-      const int64_t o0 = c * rows_per_chunk;
-      panel_rows(x, w, y, N, O, I, o0, std::min(O, o0 + rows_per_chunk));
-      finished.fetch_add(1, std::memory_order_release);
-    }
+  void item(int64_t c) {
+    const int64_t o0 = c * rows_per_chunk;
+    panel_rows(x, w, y, N, O, I, o0, std::min(O, o0 + rows_per_chunk));
   }
 };
 
@@ -194,13 +159,8 @@ ffi::Error SkinnyMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
   // About 8 chunks per thread, so a slow thread does not hold the call up.
   const int64_t panels = (O + kRowsPerPanel - 1) / kRowsPerPanel;
   chunks->rows_per_chunk = std::max<int64_t>(1, panels / (8 * threads)) * kRowsPerPanel;
-  chunks->num_chunks = (O + chunks->rows_per_chunk - 1) / chunks->rows_per_chunk;
-  const int64_t helpers = std::min(threads, chunks->num_chunks) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([chunks] { chunks->work(); });
-  chunks->work();
-  while (chunks->finished.load(std::memory_order_acquire) < chunks->num_chunks) {
-    std::this_thread::yield();
-  }
+  chunks->num_items = (O + chunks->rows_per_chunk - 1) / chunks->rows_per_chunk;
+  specjax::run_on_pool(pool, chunks);
   return ffi::Error::Success();
 }
 

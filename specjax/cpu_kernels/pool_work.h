@@ -1,0 +1,51 @@
+// Work items claimed from a shared counter by the calling thread and by
+// helpers on XLA's intra-op thread pool, shared by specjax's CPU kernels.
+//
+// A helper that starts after every item is claimed returns at once, and the
+// caller only waits for items already running, so a call cannot deadlock
+// however many pool threads are free.
+
+#ifndef SPECJAX_CPU_KERNELS_POOL_WORK_H_
+#define SPECJAX_CPU_KERNELS_POOL_WORK_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace specjax {
+
+// Job: `int64_t num_items`, `void item(int64_t)` (thread-safe across items),
+// and the two counters below.
+struct PoolCounters {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> finished{0};
+};
+
+template <typename Job>
+void claim_items(Job& job) {
+  for (int64_t i; (i = job.counters.next.fetch_add(1, std::memory_order_relaxed)) < job.num_items;) {
+    job.item(i);
+    job.counters.finished.fetch_add(1, std::memory_order_release);
+  }
+}
+
+// Runs every item of `job` on the calling thread and up to the pool's other
+// threads; returns when all are done. The pool's helpers hold `job` alive.
+template <typename Job>
+void run_on_pool(xla::ffi::ThreadPool& pool, std::shared_ptr<Job> job) {
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t helpers = std::min(threads, job->num_items) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([job] { claim_items(*job); });
+  claim_items(*job);
+  while (job->counters.finished.load(std::memory_order_acquire) < job->num_items) {
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace specjax
+
+#endif  // SPECJAX_CPU_KERNELS_POOL_WORK_H_

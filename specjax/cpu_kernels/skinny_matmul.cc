@@ -51,7 +51,7 @@ enum Staging { kNoPrefetch = -1, kNonTemporal = 0, kLevel2 = 2 };
 // per 64-byte line in groups of 6 or more rows of x staged in L2. Those groups
 // are bound by their arithmetic and their loads of x, and half the prefetches
 // there only cost load slots. On the Xeon above, in turns in one process
-// (benchmarks/skinny_matmul_variants.py), the head took 4-16% less time at 7 to
+// (benchmarks/skinny_matmul_variants.py), the head took 4-17% less time at 7 to
 // 12 rows and the same at 2 to 5. AMD's path keeps every step, as tuned.
 template <int G, int kStaging>
 constexpr int64_t kPrefetchStride = (kStaging == kLevel2 && G >= 6) ? 16 : 8;

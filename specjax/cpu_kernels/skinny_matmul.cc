@@ -4,8 +4,9 @@
 // and XLA:CPU's kernels for that shape first read the matrix and then compute,
 // so a 5-row product of the 270M's tied head (262,144 x 640) costs about twice
 // a 1-row one. This kernel streams each matrix once, in row blocks, with a
-// software prefetch far enough ahead that the reads run under the arithmetic,
-// and splits the rows over XLA's own intra-op thread pool.
+// software prefetch far enough ahead that the reads run under the arithmetic
+// (staged by CPU vendor: see Staging), and splits the rows over XLA's own
+// intra-op thread pool.
 //
 // Every output element is one dot product, accumulated in 8 float lanes in the
 // order of i, then summed pairwise in a fixed order. Nothing about it depends

@@ -58,10 +58,8 @@ def xla_layer(q, key, value, positions_BxT, local: bool):
     first_B = jnp.clip(positions_BxT[:, 0] - window + 1, 0, num_slots - length)
     key, value = gemma._read_window({'k': key, 'v': value}, first_B, length)  # pylint: disable=protected-access
     slots_BxS = first_B[:, None] + jnp.arange(length)[None]
-  logits = jnp.einsum('btkgh,bskh->bkgts', q, key, preferred_element_type=jnp.float32)
   mask_BxTxS = gemma.attention_mask(positions_BxT, slots_BxS, window)
-  logits = jnp.where(mask_BxTxS[:, None, None], logits, gemma._NEG_INF)  # pylint: disable=protected-access
-  return jnp.einsum('bkgts,bskh->btkgh', jax.nn.softmax(logits, axis=-1), value)
+  return attention_lib.xla_attention(q, key, value, mask_BxTxS)
 
 
 def kernel_layer(q, key, value, positions_BxT, local: bool):

@@ -10,14 +10,14 @@ once, skips the rest, and splits the slots over XLA's thread pool.
 `applies` says whether a call takes the kernel: the CPU backend, float32
 operands, 1 to MAX_QUERIES new tokens per row (a prefill's many tokens are a
 real matrix product, which XLA's kernels do well) and the kernel built (see
-build.py). Gradients flow through `reference`, XLA's own formulation (a
-distilled drafter trains through the target's architecture).
+build.py). Gradients flow through `xla_attention`, XLA's own formulation (a
+distilled drafter trains through the target's architecture), which is also
+the model's attention wherever the kernel does not apply.
 
 Each query's output is summed in an order that depends only on the slots, so
 a row's result is the same bits whether it runs alone or beside other
 queries (a decode step's token and the same token in a verify call).
-A query that may see no slot gets zeros (XLA's masked softmax would average
-every slot; no caller asks for one).
+A query that may see no slot gets zeros, in both forms.
 """
 
 from __future__ import annotations
@@ -48,9 +48,17 @@ def applies(q_BxTxKxGxH: Array, k_BxSxKxH: Array, v_BxSxKxH: Array) -> bool:
           and available())
 
 
-def reference(q_BxTxKxGxH: Array, k_BxSxKxH: Array, v_BxSxKxH: Array, mask_BxTxS: Array,
-              softcap: float | None) -> Array:
-  """XLA's attention, the kernel's definition (and its gradient)."""
+def xla_attention(q_BxTxKxGxH: Array, k_BxSxKxH: Array, v_BxSxKxH: Array, mask_BxTxS: Array,
+                  softcap: float | None = None) -> Array:
+  """softmax(mask ? cap(q . k) : -inf) @ v by XLA's einsums, over every slot given.
+
+  The kernel's definition and gradient, and the model's attention where the
+  kernel does not apply (a prefill, another backend, bfloat16). The mask
+  enters the softmax itself, so a query that may see no slot gets zeros, as
+  from the kernel, not the mean of every value. q is already scaled; softcap
+  is Gemma 2's attention soft cap (None: none); logits are float32 whatever
+  the operands' dtype, and the probabilities take v's.
+  """
   logits = jnp.einsum('btkgh,bskh->bkgts', q_BxTxKxGxH, k_BxSxKxH,
                       preferred_element_type=jnp.float32)
   if softcap:
@@ -80,7 +88,7 @@ def _forward(q, k, v, mask, softcap):
 
 def _backward(softcap, residuals, d_out):
   q, k, v, mask = residuals
-  _, vjp = jax.vjp(lambda q, k, v: reference(q, k, v, mask, softcap), q, k, v)
+  _, vjp = jax.vjp(lambda q, k, v: xla_attention(q, k, v, mask, softcap), q, k, v)
   return (*vjp(d_out), None)
 
 

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.cpu_kernels import attention as attention_lib
 from specjax.models import gemma
 from specjax.models import kv_cache as kv_cache_lib
 from specjax.models.config import GemmaConfig
@@ -154,10 +155,7 @@ def _attend(q_BxTxHxE: Array, k_BxSxKxE: Array, v_BxSxKxE: Array, mask_BxTxS: Ar
   b, t, h, e = q_BxTxHxE.shape
   kv = k_BxSxKxE.shape[2]
   q = q_BxTxHxE.reshape(b, t, kv, h // kv, e)
-  logits = jnp.einsum('btkge,bske->bkgts', q, k_BxSxKxE)
-  logits = jnp.where(mask_BxTxS[:, None, None], logits, _NEG_INF)
-  probs = jax.nn.softmax(logits, axis=-1)
-  return jnp.einsum('bkgts,bske->btkge', probs, v_BxSxKxE).reshape(b, t, h * e)
+  return attention_lib.xla_attention(q, k_BxSxKxE, v_BxSxKxE, mask_BxTxS).reshape(b, t, h * e)
 
 
 def _finish(params, geo: Geometry, hidden_BxTxD: Array, attn_BxTxHE: Array) -> Array:

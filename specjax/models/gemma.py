@@ -51,8 +51,6 @@ from specjax.models.config import GemmaConfig
 Array = jax.Array
 Cache = kv_cache_lib.Cache
 
-_NEG_INF = -2.3819763e38  # a large finite negative that survives softcap and bf16
-
 
 @dataclasses.dataclass(frozen=True)
 class ForwardOutput:
@@ -259,18 +257,9 @@ class Attention(nn.Module):
     else:
       mask_BxTxS = tree_attention_mask(positions_BxT, slots_BxS, start_B, tree_mask_BxTxT, window)
 
-    if use_kernel:
-      out_BxTxKxGxH = attention_lib.attention(q_BxTxKxGxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS,
-                                              cfg.attn_logit_softcap)
-      out_BxTxNH = out_BxTxKxGxH.reshape(b, t, num_q * h_dim)
-    else:
-      logits = jnp.einsum('btkgh,bskh->bkgts', q_BxTxKxGxH, k_BxSxKxH,
-                          preferred_element_type=jnp.float32)
-      if cfg.attn_logit_softcap is not None:
-        logits = jnp.tanh(logits / cfg.attn_logit_softcap) * cfg.attn_logit_softcap
-      logits = jnp.where(mask_BxTxS[:, None, None], logits, _NEG_INF)
-      probs = jax.nn.softmax(logits, axis=-1).astype(v_BxSxKxH.dtype)
-      out_BxTxNH = jnp.einsum('bkgts,bskh->btkgh', probs, v_BxSxKxH).reshape(b, t, num_q * h_dim)
+    attend = attention_lib.attention if use_kernel else attention_lib.xla_attention
+    out_BxTxKxGxH = attend(q_BxTxKxGxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, cfg.attn_logit_softcap)
+    out_BxTxNH = out_BxTxKxGxH.reshape(b, t, num_q * h_dim)
     out_BxTxD = linear(out_BxTxNH, o_DxNH)
     if self.model_axis is not None:
       out_BxTxD = jax.lax.psum(out_BxTxD, self.model_axis)

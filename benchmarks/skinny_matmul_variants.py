@@ -43,6 +43,9 @@ import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
 
 ROWS = flags.DEFINE_list('rows', ['1', '5', '9'], 'Rows of x.')
 ROUNDS = flags.DEFINE_integer('rounds', 15, 'Turns each variant takes at each row count.')
+MATRIX_ROWS = flags.DEFINE_integer(
+    'matrix_rows', 262_144, 'Rows of w: the head by default; 16,384 (42 MB) sits in a large L3 '
+    'and times the arithmetic without the memory.')
 
 
 def register(source: Path, index: int, workdir: Path) -> str:
@@ -68,8 +71,10 @@ def main(argv):
   print(cpu_info.describe())
   with tempfile.TemporaryDirectory() as workdir:
     targets = [register(s, k, Path(workdir)) for k, s in enumerate(sources)]
-    w_VxD = jnp.asarray(np.random.default_rng(0).standard_normal((262_144, 640), dtype=np.float32))
-    print(f'jax {jax.__version__}; the head, ms per call: fastest / median of {ROUNDS.value}\n')
+    w_VxD = jnp.asarray(np.random.default_rng(0).standard_normal((MATRIX_ROWS.value, 640),
+                                                                 dtype=np.float32))
+    print(f'jax {jax.__version__}; w[{MATRIX_ROWS.value}, 640], ms per call: fastest / median of '
+          f'{ROUNDS.value}\n')
     print('| rows | ' + ' | '.join(s.name for s in sources) + ' |')
     print('|---|' + '---|' * len(sources))
     for n in (int(r) for r in ROWS.value):

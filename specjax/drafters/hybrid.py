@@ -183,31 +183,29 @@ def make(settings: Settings, fallback: base.Drafter) -> base.Drafter:
                          state.replace(network=net.state, lookup_B=by_lookup_B),
                          net.shared_cache)
 
-  propose_tree = None
-  if fallback.propose_tree is not None:
+  def propose_tree(*, params, state: State, tokens_BxS, lengths_B, keys_B, sampling, tree,
+                   shared=None, **target):
+    candidates_BxMxD, found_BxM = ngram_lib.candidates(
+        tokens_BxS, lengths_B, tree.max_depth, lookup.max_n, lookup.min_n, lookup.matches)
+    ngram_BxN, ngram_valid_BxN = candidate_tree.fill(tree, candidates_BxMxD, found_BxM)
+    by_lookup_B = use_lookup(state, jnp.any(found_BxM, axis=1))
 
-    def propose_tree(*, params, state: State, tokens_BxS, lengths_B, keys_B, sampling, tree,
-                     shared=None, **target):
-      candidates_BxMxD, found_BxM = ngram_lib.candidates(
-          tokens_BxS, lengths_B, tree.max_depth, lookup.max_n, lookup.min_n, lookup.matches)
-      ngram_BxN, ngram_valid_BxN = candidate_tree.fill(tree, candidates_BxMxD, found_BxM)
-      by_lookup_B = use_lookup(state, jnp.any(found_BxM, axis=1))
+    def network():
+      return fallback.propose_tree(params=params, state=state.network, tokens_BxS=tokens_BxS,
+                                   lengths_B=lengths_B, keys_B=keys_B, sampling=sampling,
+                                   tree=tree, shared=shared, **target)
 
-      def network():
-        return fallback.propose_tree(params=params, state=state.network, tokens_BxS=tokens_BxS,
-                                     lengths_B=lengths_B, keys_B=keys_B, sampling=sampling,
-                                     tree=tree, shared=shared, **target)
-
-      net = _network_if(~jnp.all(by_lookup_B), network, state.network, shared)
-      if net.q_BxNxV is not None:   # both fill siblings with distinct ranked tokens
-        raise ValueError(f'{fallback.name} samples its tree nodes; a hybrid tree needs '
-                         'deterministic siblings')
-      pick = by_lookup_B[:, None]
-      return base.TreeProposal(jnp.where(pick, ngram_BxN, net.tokens_BxN), None,
-                               jnp.where(pick, ngram_valid_BxN, net.valid_BxN),
-                               state.replace(network=net.state, lookup_B=by_lookup_B),
-                               net.shared_cache)
+    net = _network_if(~jnp.all(by_lookup_B), network, state.network, shared)
+    if net.q_BxNxV is not None:   # both fill siblings with distinct ranked tokens
+      raise ValueError(f'{fallback.name} samples its tree nodes; a hybrid tree needs '
+                       'deterministic siblings')
+    pick = by_lookup_B[:, None]
+    return base.TreeProposal(jnp.where(pick, ngram_BxN, net.tokens_BxN), None,
+                             jnp.where(pick, ngram_valid_BxN, net.valid_BxN),
+                             state.replace(network=net.state, lookup_B=by_lookup_B),
+                             net.shared_cache)
 
   return dataclasses.replace(
       fallback, name='hybrid', init=init, update=update, propose=propose,
-      propose_tree=propose_tree, costly_drafts=False)
+      propose_tree=propose_tree if fallback.propose_tree is not None else None,
+      costly_drafts=False)

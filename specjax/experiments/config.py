@@ -146,13 +146,13 @@ class ExperimentConfig:
         drafters.settings_for('hybrid', self.hybrid)
       except ValueError as e:
         raise ConfigError(str(e)) from None
+    from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
     if 'draft_model' in self.networks:   # a drafter, or the hybrid's fallback
       checkpoint = self.draft_model.get('checkpoint', '')
       _check(checkpoint != '', 'draft_model.checkpoint',
              "must name a checkpoint when drafters include 'draft_model' (or a hybrid "
              'falls back to it)')
       if checkpoint == 'embedded':   # the distilled drafter shipped for the embedded 270M
-        from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
         where = drafter_io.resolve(checkpoint, 'distilled')
         _check(os.path.isfile(where / drafter_io.MANIFEST), 'draft_model.checkpoint',
                f"is 'embedded', but no distilled drafter is shipped ({where})")
@@ -162,7 +162,6 @@ class ExperimentConfig:
     for name in drafters.TRAINED_DRAFTERS:
       if name not in self.networks:
         continue
-      from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
       checkpoint = getattr(self, name).get('checkpoint', '')
       _check(checkpoint != '', f'{name}.checkpoint',
              f"must name trained weights when drafters include {name!r} ('embedded' or a "

@@ -57,6 +57,15 @@ enum Staging { kNoPrefetch = -1, kNonTemporal = 0, kLevel2 = 2 };
 template <int G, int kStaging>
 constexpr int64_t kPrefetchStride = (kStaging == kLevel2 && G >= 6) ? 16 : 8;
 
+// Asks for the part of w kPrefetchFloats ahead of w_i (at float i of its row),
+// every kPrefetchStride floats, staged as kStaging says.
+template <int G, int kStaging>
+inline void prefetch_ahead(const float* w_i, int64_t i) {
+  if constexpr (kStaging != kNoPrefetch) {
+    if (i % kPrefetchStride<G, kStaging> == 0) __builtin_prefetch(w_i + kPrefetchFloats, 0, kStaging);
+  }
+}
+
 // Rows of w read from memory once and then reused, from L1/L2, by every group
 // of up to kMaxGroup rows of x. A multiple of most row blocks below.
 constexpr int64_t kRowsPerPanel = 48;
@@ -82,9 +91,7 @@ void group_rows(const float* x, const float* w, float* y, int64_t O, int64_t I,
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const float* w_ri = w + (o + r) * I + i;
-        if constexpr (kStaging != kNoPrefetch) {
-          if (i % kPrefetchStride<G, kStaging> == 0) __builtin_prefetch(w_ri + kPrefetchFloats, 0, kStaging);
-        }
+        prefetch_ahead<G, kStaging>(w_ri, i);
         const f32x8 wv = load8(w_ri);
 #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) acc[r][g] = madd(acc[r][g], wv, load8(x + g * I + i));
@@ -98,9 +105,7 @@ void group_rows(const float* x, const float* w, float* y, int64_t O, int64_t I,
     f32x8 acc[G] = {};
     for (int64_t i = 0; i < I8; i += kLanes) {
       const float* w_oi = w + o * I + i;
-      if constexpr (kStaging != kNoPrefetch) {
-        if (i % kPrefetchStride<G, kStaging> == 0) __builtin_prefetch(w_oi + kPrefetchFloats, 0, kStaging);
-      }
+      prefetch_ahead<G, kStaging>(w_oi, i);
       f32x8 wv = load8(w_oi);
 #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) acc[g] = madd(acc[g], wv, load8(x + g * I + i));

@@ -15,7 +15,10 @@ the two interleaved so that a machine's drift hits both:
            overlapped with the arithmetic; attention still XLA's.
   kernels  that, and specjax's attention kernel (`cpu_kernels/attention`):
            each slot a query may see read once, on both threads, the others
-           skipped (what the product runs).
+           skipped;
+  q8       that, and the tied head from its Q8_0 form (`models/q8_head`,
+           `cpu_kernels/q8_matmul`) for 1 to 20 rows, a decode step's one
+           row included: 189 MB read instead of 671 (what the product runs).
 
 The rows sit halfway through the cache (`step_costs`), so at 1,024 slots a
 global layer sees about 512 of them.
@@ -63,6 +66,7 @@ from specjax.decoding import step_costs
 from specjax.cpu_kernels import attention
 from specjax.cpu_kernels import skinny_matmul
 from specjax.models import gemma
+from specjax.models import q8_head
 from specjax.models.language_model import LanguageModel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -75,9 +79,12 @@ SLOTS = flags.DEFINE_integer('num_slots', 512, 'KV cache slots.')
 ROUNDS = flags.DEFINE_integer('rounds', 3, 'Interleaved rounds; each figure is the best.')
 
 # Each form's row limit for the skinny-matmul kernel and new tokens per row for
-# the attention kernel (0: never), both read at trace time.
-FORMS = {'xla': (0, 0), 'kernel': (skinny_matmul.MAX_ROWS, 0),
-         'kernels': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES)}
+# the attention kernel (0: never), both read at trace time, and whether the
+# params carry the head's Q8_0 form.
+FORMS = {'xla': (0, 0, False), 'kernel': (skinny_matmul.MAX_ROWS, 0, False),
+         'kernels': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, False),
+         'q8': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, True)}
+PRODUCT = 'q8'
 
 
 _PEAK_ROWS = 64
@@ -102,30 +109,33 @@ def main(argv):
         f'{SLOTS.value} cache slots')
   config, params = checkpoints.load_checkpoint('embedded:gemma3-270m')
   model, params = LanguageModel(config), jax.device_put(params)
+  with_q8 = jax.device_put(q8_head.with_q8_head(params))
+  if q8_head.HEAD_Q8 not in with_q8:
+    raise SystemExit('the head has no Q8_0 form here (no kernel, or not the CPU backend)')
   widths = [int(w) for w in WIDTHS.value]
   batches = [int(b) for b in BATCHES.value]
   best = {}
   for round_index in range(ROUNDS.value):
-    for form, (max_rows, max_queries) in FORMS.items():
+    for form, (max_rows, max_queries, q8) in FORMS.items():
       skinny_matmul.MAX_ROWS, attention.MAX_QUERIES = max_rows, max_queries
       jax.clear_caches()   # the kernels' limits are read when a program is traced
       for batch in batches:
         for width in widths:
-          seconds = step_costs.seconds_per_call(model, params, width, batch=batch,
-                                                num_slots=SLOTS.value)
+          seconds = step_costs.seconds_per_call(model, with_q8 if q8 else params, width,
+                                                batch=batch, num_slots=SLOTS.value)
           key = (batch, width, form)
           best[key] = min(best.get(key, float('inf')), seconds)
     print(f'round {round_index + 1} of {ROUNDS.value} done', flush=True)
-  skinny_matmul.MAX_ROWS, attention.MAX_QUERIES = FORMS['kernels']
+  skinny_matmul.MAX_ROWS, attention.MAX_QUERIES = FORMS[PRODUCT][:2]
   flop_per_position = 2 * matmul_params(params)
   gflops = matmul_gflops(params['embedding_VxD'])
   print(f'\nmatmul speed (the head at {_PEAK_ROWS} rows): {gflops:.0f} GFLOP/s; '
         f'{flop_per_position / 1e9:.2f} GFLOP per position')
   print('\nEach "/ decode" is over the same form\'s own one-position call; "/ fastest" and "at peak"'
         ' over the fastest one-position call of any form.')
-  print('\n| batch | positions | xla ms | / decode | kernel ms | / decode | kernels ms | / decode '
-        '| kernels / fastest | kernels / xla | at peak, no overlap |')
-  print('|---|---|---|---|---|---|---|---|---|---|---|')
+  print('\n| batch | positions | ' + ' | '.join(f'{f} ms | / decode' for f in FORMS)
+        + f' | {PRODUCT} / fastest | {PRODUCT} / xla | at peak, no overlap |')
+  print('|---' * (2 * len(FORMS) + 5) + '|')
   for batch in batches:
     fastest = min(best[(batch, 1, form)] for form in FORMS)
     for width in widths:
@@ -133,7 +143,7 @@ def main(argv):
       for form in FORMS:
         ms = best[(batch, width, form)]
         cells.append(f'{ms * 1e3:.1f} | {ms / best[(batch, 1, form)]:.2f}')
-      product = best[(batch, width, 'kernels')]
+      product = best[(batch, width, PRODUCT)]
       extra_seconds = batch * (width - 1) * flop_per_position / (gflops * 1e9)
       print(f'| {batch} | {width} | {" | ".join(cells)} | {product / fastest:.2f} | '
             f'{product / best[(batch, width, "xla")]:.2f} | {1 + extra_seconds / fastest:.2f} |')

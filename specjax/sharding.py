@@ -44,6 +44,8 @@ def param_specs(params, config: GemmaConfig, model_size: int):
   kv = _kv_split(config, model_size)
   rules = {
       'embedding_VxD': P('model', None),
+      'head_q8_VxD': P('model', None),    # the table's Q8_0 form (models/q8_head.py)
+      'head_scale_VxB': P('model', None),
       'q_NHxD': P('model', None),       # heads are contiguous row blocks
       'k_KHxD': P(kv, None),
       'v_KHxD': P(kv, None),

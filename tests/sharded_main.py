@@ -17,11 +17,13 @@ import jax.numpy as jnp  # noqa: E402
 
 from specjax import sharding  # noqa: E402
 from specjax import sampling
+from specjax.cpu_kernels import q8_matmul  # noqa: E402
 from specjax.decoding import autoregressive, speculative  # noqa: E402
 from specjax.decoding import tree as tree_lib  # noqa: E402
 from specjax.drafters import make_drafter  # noqa: E402
-from specjax.models import config as config_lib, gemma  # noqa: E402
+from specjax.models import config as config_lib, gemma, q8_head  # noqa: E402
 from specjax.models.language_model import LanguageModel  # noqa: E402
+from toy_models import q8_exact  # noqa: E402
 
 
 def forward_max_diff(cfg, data, model_size):
@@ -83,6 +85,24 @@ def main():
   b = speculative.generate(many, sharded_params, make_drafter('ngram', target=many), prompts,
                            gamma=tree.max_depth, max_new_tokens=12, tree=tree)
   results['ngram_tree'] = [a.new_tokens, b.new_tokens, ref.new_tokens]
+  # The tied head from its Q8_0 form (models/q8_head), split by vocabulary like the table.
+  q8_params = q8_head.with_q8_head({**params, 'embedding_VxD': q8_exact(params['embedding_VxD'])})
+  assert q8_head.HEAD_Q8 in q8_params
+  plain = {k: v for k, v in q8_params.items() if k not in (q8_head.HEAD_Q8, q8_head.HEAD_SCALE)}
+  sharded_q8 = sharding.shard_params(q8_params, cfg, mesh)
+  tokens = jnp.asarray([[5, 9, 3, 7, 1], [2, 8, 4, 6, 1]] * 2)
+  positions = jnp.broadcast_to(jnp.arange(5), tokens.shape)
+  calls = [jax.jit(lambda p, lm=lm: lm.forward(p, tokens, positions, lm.init_cache(4, 16)
+                                               ).logits_BxRxV) for lm in (one, many)]
+  logits = [calls[0](plain), calls[1](sharded_q8)]
+  results['forward_q8'] = [float(jnp.abs(logits[0] - logits[1]).max()),
+                           q8_matmul.TARGET in calls[1].lower(sharded_q8).as_text()]
+  ar = autoregressive.generate(one, plain, prompts, max_new_tokens=12, sampling=greedy)
+  a = speculative.generate(one, q8_params, make_drafter('ngram', target=one), prompts,
+                           gamma=3, max_new_tokens=12)
+  b = speculative.generate(many, sharded_q8, make_drafter('ngram', target=many), prompts,
+                           gamma=3, max_new_tokens=12)
+  results['ngram_q8'] = [a.new_tokens, b.new_tokens, ar.new_tokens]
   json.dump(results, sys.stdout)
 
 

@@ -42,7 +42,14 @@ def test_sharded_autoregressive_greedy_matches_one_device(sharded_results):
   assert one == many
 
 
-@pytest.mark.parametrize('drafter', ['ngram', 'early_exit', 'draft_model', 'ngram_tree'])
+def test_sharded_forward_from_the_q8_head_matches_one_device(sharded_results):
+  max_diff, kernel_in_program = sharded_results['forward_q8']
+  assert kernel_in_program  # each device's vocabulary shard, from its Q8_0 form
+  assert max_diff < 1e-4
+
+
+@pytest.mark.parametrize('drafter', ['ngram', 'early_exit', 'draft_model', 'ngram_tree',
+                                     'ngram_q8'])
 def test_sharded_speculative_greedy_matches_one_device(sharded_results, drafter):
   one, many, autoregressive = sharded_results[drafter]
   assert many == one

@@ -27,6 +27,16 @@ from specjax.models.config import GemmaConfig, tiny_config
 from specjax.models.language_model import LanguageModel
 
 
+def q8_exact(table) -> np.ndarray:
+  """`table` rounded to Q8_0 the way llama.cpp's quantizer does, then dequantized by gguf:
+  a float32 table that `models/q8_head` serves from its Q8_0 form."""
+  import gguf  # pylint: disable=g-import-not-at-top
+  table = np.asarray(table, np.float32)
+  blocks = gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0)
+  return np.asarray(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0),
+                    np.float32).reshape(table.shape)
+
+
 # ---------------------------------------------------------------- toy targets
 
 

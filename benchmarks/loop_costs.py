@@ -44,7 +44,7 @@ from specjax.checkpoints import embedded
 from specjax.decoding import autoregressive, draft_length, program, speculative, step_costs
 from specjax.drafters import make_drafter
 from specjax.experiments import prompts as prompts_lib
-from specjax.models import q8_head
+from specjax.models import q8_weights
 from specjax.models.language_model import LanguageModel
 from specjax.tokenizer import Tokenizer
 
@@ -110,7 +110,7 @@ def main(argv):
   compile_cache.enable()
   config, params = checkpoints.load_checkpoint('embedded:gemma3-270m')
   model = LanguageModel(config)
-  params = jax.device_put(q8_head.with_q8_head(params))  # the head as the product serves it
+  params = jax.device_put(q8_weights.with_q8_weights(params))  # the head as the product serves it
   tokenizer = Tokenizer.from_gguf(embedded.default_gguf_path())
   lines = [cpu_info.describe(), f'jax {jax.__version__}, float32, greedy, {SLOTS.value} slots, '
            f'step = (time for {LONG} tokens - time for {SHORT}) / (steps - steps), fastest of '

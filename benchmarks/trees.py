@@ -36,7 +36,7 @@ from specjax.decoding import autoregressive, program, speculative
 from specjax.decoding import tree as tree_lib
 from specjax.drafters import make_drafter
 from specjax.experiments import prompts as prompts_lib
-from specjax.models import q8_head
+from specjax.models import q8_weights
 from specjax.models.language_model import LanguageModel
 from specjax.tokenizer import Tokenizer
 
@@ -70,7 +70,7 @@ def main(argv):
   print(cpu_info.describe())
   config, params = checkpoints.load_checkpoint('embedded:gemma3-270m')
   model = LanguageModel(config)
-  params = jax.device_put(q8_head.with_q8_head(params))  # the head as the product serves it
+  params = jax.device_put(q8_weights.with_q8_weights(params))  # the head as the product serves it
   tokenizer = Tokenizer.from_gguf(embedded.default_gguf_path())
   eos = (tokenizer.eos_id,)
   chosen, ids = _prompts(tokenizer)

@@ -16,9 +16,12 @@ the two interleaved so that a machine's drift hits both:
   kernels  that, and specjax's attention kernel (`cpu_kernels/attention`):
            each slot a query may see read once, on both threads, the others
            skipped;
-  q8       that, and the tied head from its Q8_0 form (`models/q8_head`,
+  q8 head  that, and the tied head from its Q8_0 form (`models/q8_weights`,
            `cpu_kernels/q8_matmul`) for 1 to 20 rows, a decode step's one
-           row included: 189 MB read instead of 671 (what the product runs).
+           row included: 189 MB read instead of 671;
+  q8       that, and every other matrix that is exactly int8 blocks (the
+           270M's Q5_0 and Q8_0 projections: q, k, v, gate, up) from its
+           int8 form too (what the product runs).
 
 The rows sit halfway through the cache (`step_costs`), so at 1,024 slots a
 global layer sees about 512 of them.
@@ -66,7 +69,7 @@ from specjax.decoding import step_costs
 from specjax.cpu_kernels import attention
 from specjax.cpu_kernels import skinny_matmul
 from specjax.models import gemma
-from specjax.models import q8_head
+from specjax.models import q8_weights
 from specjax.models.language_model import LanguageModel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -79,11 +82,12 @@ SLOTS = flags.DEFINE_integer('num_slots', 512, 'KV cache slots.')
 ROUNDS = flags.DEFINE_integer('rounds', 3, 'Interleaved rounds; each figure is the best.')
 
 # Each form's row limit for the skinny-matmul kernel and new tokens per row for
-# the attention kernel (0: never), both read at trace time, and whether the
-# params carry the head's Q8_0 form.
-FORMS = {'xla': (0, 0, False), 'kernel': (skinny_matmul.MAX_ROWS, 0, False),
-         'kernels': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, False),
-         'q8': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, True)}
+# the attention kernel (0: never), both read at trace time, and which matrices
+# the params carry int8 forms of (models/q8_weights).
+FORMS = {'xla': (0, 0, None), 'kernel': (skinny_matmul.MAX_ROWS, 0, None),
+         'kernels': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, None),
+         'q8 head': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, ('embedding_VxD',)),
+         'q8': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, q8_weights.SPLITTABLE)}
 PRODUCT = 'q8'
 
 
@@ -109,19 +113,21 @@ def main(argv):
         f'{SLOTS.value} cache slots')
   config, params = checkpoints.load_checkpoint('embedded:gemma3-270m')
   model, params = LanguageModel(config), jax.device_put(params)
-  with_q8 = jax.device_put(q8_head.with_q8_head(params))
-  if q8_head.HEAD_Q8 not in with_q8:
-    raise SystemExit('the head has no Q8_0 form here (no kernel, or not the CPU backend)')
+  form_params = {form: params if names is None else
+                 jax.device_put(q8_weights.with_q8_weights(params, names))
+                 for form, (_, _, names) in FORMS.items()}
+  if q8_weights.HEAD_FORM not in form_params[PRODUCT]:
+    raise SystemExit('the head has no int8 form here (no kernel, or not the CPU backend)')
   widths = [int(w) for w in WIDTHS.value]
   batches = [int(b) for b in BATCHES.value]
   best = {}
   for round_index in range(ROUNDS.value):
-    for form, (max_rows, max_queries, q8) in FORMS.items():
+    for form, (max_rows, max_queries, _) in FORMS.items():
       skinny_matmul.MAX_ROWS, attention.MAX_QUERIES = max_rows, max_queries
       jax.clear_caches()   # the kernels' limits are read when a program is traced
       for batch in batches:
         for width in widths:
-          seconds = step_costs.seconds_per_call(model, with_q8 if q8 else params, width,
+          seconds = step_costs.seconds_per_call(model, form_params[form], width,
                                                 batch=batch, num_slots=SLOTS.value)
           key = (batch, width, form)
           best[key] = min(best.get(key, float('inf')), seconds)

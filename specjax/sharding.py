@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from specjax.models import q8_weights
 from specjax.models.config import GemmaConfig
 
 MESH_AXES = ('data', 'model')
@@ -44,8 +45,6 @@ def param_specs(params, config: GemmaConfig, model_size: int):
   kv = _kv_split(config, model_size)
   rules = {
       'embedding_VxD': P('model', None),
-      'head_q8_VxD': P('model', None),    # the table's Q8_0 form (models/q8_head.py)
-      'head_scale_VxB': P('model', None),
       'q_NHxD': P('model', None),       # heads are contiguous row blocks
       'k_KHxD': P(kv, None),
       'v_KHxD': P(kv, None),
@@ -58,6 +57,8 @@ def param_specs(params, config: GemmaConfig, model_size: int):
 
   def spec(path, _):
     name = path[-1].key
+    # A matrix's int8 form (models/q8_weights.py) is split like the matrix: by its rows.
+    name = name.removesuffix(q8_weights.Q8_SUFFIX).removesuffix(q8_weights.SCALE_SUFFIX)
     if name not in rules:
       raise ValueError(f'no sharding rule for parameter {jax.tree_util.keystr(path)}')
     return rules[name]

@@ -21,9 +21,9 @@ from specjax.cpu_kernels import q8_matmul  # noqa: E402
 from specjax.decoding import autoregressive, speculative  # noqa: E402
 from specjax.decoding import tree as tree_lib  # noqa: E402
 from specjax.drafters import make_drafter  # noqa: E402
-from specjax.models import config as config_lib, gemma, q8_head  # noqa: E402
+from specjax.models import config as config_lib, gemma, q8_weights  # noqa: E402
 from specjax.models.language_model import LanguageModel  # noqa: E402
-from toy_models import q8_exact  # noqa: E402
+from toy_models import gguf_like_params  # noqa: E402
 
 
 def forward_max_diff(cfg, data, model_size):
@@ -85,10 +85,10 @@ def main():
   b = speculative.generate(many, sharded_params, make_drafter('ngram', target=many), prompts,
                            gamma=tree.max_depth, max_new_tokens=12, tree=tree)
   results['ngram_tree'] = [a.new_tokens, b.new_tokens, ref.new_tokens]
-  # The tied head from its Q8_0 form (models/q8_head), split by vocabulary like the table.
-  q8_params = q8_head.with_q8_head({**params, 'embedding_VxD': q8_exact(params['embedding_VxD'])})
-  assert q8_head.HEAD_Q8 in q8_params
-  plain = {k: v for k, v in q8_params.items() if k not in (q8_head.HEAD_Q8, q8_head.HEAD_SCALE)}
+  # Matrices from their int8 blocks (models/q8_weights), split by rows like the matrices.
+  plain = gguf_like_params(params)
+  q8_params = q8_weights.with_q8_weights(plain)
+  assert q8_weights.HEAD_FORM in q8_params and 'q_NHxD_q8' in q8_params['layer_0']['attn']
   sharded_q8 = sharding.shard_params(q8_params, cfg, mesh)
   tokens = jnp.asarray([[5, 9, 3, 7, 1], [2, 8, 4, 6, 1]] * 2)
   positions = jnp.broadcast_to(jnp.arange(5), tokens.shape)

@@ -42,9 +42,9 @@ def test_sharded_autoregressive_greedy_matches_one_device(sharded_results):
   assert one == many
 
 
-def test_sharded_forward_from_the_q8_head_matches_one_device(sharded_results):
+def test_sharded_forward_from_int8_forms_matches_one_device(sharded_results):
   max_diff, kernel_in_program = sharded_results['forward_q8']
-  assert kernel_in_program  # each device's vocabulary shard, from its Q8_0 form
+  assert kernel_in_program  # each device's rows of each matrix, from their int8 blocks
   assert max_diff < 1e-4
 
 

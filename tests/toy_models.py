@@ -27,14 +27,26 @@ from specjax.models.config import GemmaConfig, tiny_config
 from specjax.models.language_model import LanguageModel
 
 
-def q8_exact(table) -> np.ndarray:
-  """`table` rounded to Q8_0 the way llama.cpp's quantizer does, then dequantized by gguf:
-  a float32 table that `models/q8_head` serves from its Q8_0 form."""
+def gguf_exact(matrix, kind: str = 'Q8_0') -> np.ndarray:
+  """`matrix` rounded to GGUF's `kind` the way llama.cpp's quantizer does, then dequantized
+  by gguf: float32 weights that `models/q8_weights` splits back exactly (Q8_0, Q5_0)."""
   import gguf  # pylint: disable=g-import-not-at-top
-  table = np.asarray(table, np.float32)
-  blocks = gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0)
-  return np.asarray(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0),
-                    np.float32).reshape(table.shape)
+  matrix = np.asarray(matrix, np.float32)
+  qtype = gguf.GGMLQuantizationType[kind]
+  blocks = gguf.quants.quantize(matrix, qtype)
+  return np.asarray(gguf.quants.dequantize(blocks, qtype), np.float32).reshape(matrix.shape)
+
+
+def gguf_like_params(params):
+  """A Gemma param tree with the embedded 270M's formats: the head Q8_0, the q, k, gate and up
+  projections Q5_0, v Q8_0, the rest (o, down: Q4_K and Q6_K there) left float32."""
+  kinds = {'embedding_VxD': 'Q8_0', 'q_NHxD': 'Q5_0', 'k_KHxD': 'Q5_0', 'v_KHxD': 'Q8_0',
+           'gate_FxD': 'Q5_0', 'up_FxD': 'Q5_0'}
+
+  def convert(tree):
+    return {k: convert(v) if isinstance(v, dict) else
+            (jnp.asarray(gguf_exact(v, kinds[k])) if k in kinds else v) for k, v in tree.items()}
+  return convert(params)
 
 
 # ---------------------------------------------------------------- toy targets

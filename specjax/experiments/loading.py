@@ -22,7 +22,7 @@ from specjax.checkpoints import embedded
 from specjax.experiments import tiny
 from specjax.experiments.config import EMBEDDED_PREFIX, TINY_RANDOM, ConfigError, ExperimentConfig
 from specjax.models import language_model
-from specjax.models import q8_head
+from specjax.models import q8_weights
 from specjax.tokenizer import Tokenizer
 
 
@@ -118,7 +118,7 @@ def load_trained_drafter(config: ExperimentConfig, target: language_model.Langua
 
 
 def _place(model_config, params, mesh):
-  params = q8_head.with_q8_head(params)  # the tied head read from its Q8_0 form, where exact
+  params = q8_weights.with_q8_weights(params)  # int8 blocks read where a matrix is exactly that
   if mesh is None:  # One shared instance per config, so jit caches hit across runs.
     return language_model.single_device(model_config), params
   model = language_model.LanguageModel(model_config, mesh)

@@ -25,9 +25,10 @@ runs with (a decode step's single row is XLA's: see skinny_matmul.py). In
 float32 on CPU, the attention of up to 16 new tokens per row (decode and
 verify calls, not a prefill) is specjax's kernel too (`cpu_kernels/attention`):
 it reads only the cache slots some query may see, on every thread. Where the
-params carry the tied table's Q8_0 form (`q8_head`: the embedded 270M's GGUF
-stores it so), the head of 1 to 20 rows is computed from it
-(`cpu_kernels/q8_matmul`), a quarter of the bytes for the same weights. Norm
+params carry a matrix's int8 form (`q8_weights`: the embedded 270M's GGUF
+stores its head as Q8_0 and its q, k, gate and up projections as Q5_0, both
+exact in int8 blocks), its products of 1 to 20 rows read that
+(`cpu_kernels/q8_matmul`): a quarter of the bytes for the same weights. Norm
 `scale`s hold the full multiplier (Gemma's 1 + w), as GGUF files do.
 
 Sharding: called with `model_axis` inside `shard_map`, every parameter is the
@@ -50,7 +51,7 @@ from specjax.cpu_kernels import attention as attention_lib
 from specjax.cpu_kernels import q8_matmul as q8_matmul_lib
 from specjax.cpu_kernels import skinny_matmul as skinny_matmul_lib
 from specjax.models import kv_cache as kv_cache_lib
-from specjax.models import q8_head
+from specjax.models import q8_weights
 from specjax.models.config import GemmaConfig
 
 Array = jax.Array
@@ -81,15 +82,29 @@ jax.tree_util.register_dataclass(
     meta_fields=[])
 
 
-def linear(x_BxTxI: Array, w_OxI: Array, out_dtype: Any = None) -> Array:
+def q8_form(module: nn.Module, name: str) -> tuple[Array, Array] | None:
+  """The (int8 q, float32 scale) form of `module`'s parameter `name`, where the params carry
+  one (`q8_weights.with_q8_weights`), else None."""
+  if not module.has_variable('params', name + q8_weights.Q8_SUFFIX):
+    return None
+  return (module.get_variable('params', name + q8_weights.Q8_SUFFIX),
+          module.get_variable('params', name + q8_weights.SCALE_SUFFIX))
+
+
+def linear(x_BxTxI: Array, w_OxI: Array, out_dtype: Any = None,
+           q8: tuple[Array, Array] | None = None) -> Array:
   """x @ w.T for a matrix stored (out, in), computed as (w @ x.T).T.
 
   On CPU the product's [O, B*T] result passes an optimization barrier before
   it is transposed: without it XLA folds the transpose into the matmul's
   output layout and picks its slow small-M kernel again. A float32 product of
-  a few rows on CPU takes specjax's skinny-matmul kernel.
+  a few rows on CPU takes specjax's skinny-matmul kernel, or, given the
+  matrix's int8 form `q8` (`q8_weights`), the kernel that reads that.
   """
   b, t, i = x_BxTxI.shape
+  if q8 is not None and q8_matmul_lib.applies(b * t, x_BxTxI):
+    y_NxO = q8_matmul_lib.q8_matmul(x_BxTxI.reshape(b * t, i), *q8)
+    return y_NxO.astype(out_dtype or x_BxTxI.dtype).reshape(b, t, w_OxI.shape[0])
   if skinny_matmul_lib.applies(b * t, x_BxTxI, w_OxI):
     y_NxO = skinny_matmul_lib.skinny_matmul(x_BxTxI.reshape(b * t, i), w_OxI)
     return y_NxO.astype(out_dtype or x_BxTxI.dtype).reshape(b, t, w_OxI.shape[0])
@@ -218,9 +233,9 @@ class Attention(nn.Module):
     o_DxNH = self.param('o_DxNH', init, (cfg.embed_dim, num_q * h_dim))
 
     b, t = x_BxTxD.shape[:2]
-    q = linear(x_BxTxD, q_NHxD).reshape(b, t, num_q, h_dim)
-    k = linear(x_BxTxD, k_KHxD).reshape(b, t, num_kv, h_dim)
-    v = linear(x_BxTxD, v_KHxD).reshape(b, t, num_kv, h_dim)
+    q = linear(x_BxTxD, q_NHxD, q8=q8_form(self, 'q_NHxD')).reshape(b, t, num_q, h_dim)
+    k = linear(x_BxTxD, k_KHxD, q8=q8_form(self, 'k_KHxD')).reshape(b, t, num_kv, h_dim)
+    v = linear(x_BxTxD, v_KHxD, q8=q8_form(self, 'v_KHxD')).reshape(b, t, num_kv, h_dim)
     if cfg.use_qk_norm:
       q = RMSNorm(cfg.rms_norm_eps, name='query_norm')(q)
       k = RMSNorm(cfg.rms_norm_eps, name='key_norm')(k)
@@ -284,7 +299,8 @@ class MLP(nn.Module):
     gate_FxD = self.param('gate_FxD', init, (hidden, cfg.embed_dim))
     up_FxD = self.param('up_FxD', init, (hidden, cfg.embed_dim))
     down_DxF = self.param('down_DxF', init, (cfg.embed_dim, hidden))
-    h = jax.nn.gelu(linear(x_BxTxD, gate_FxD), approximate=True) * linear(x_BxTxD, up_FxD)
+    gate = linear(x_BxTxD, gate_FxD, q8=q8_form(self, 'gate_FxD'))
+    h = jax.nn.gelu(gate, approximate=True) * linear(x_BxTxD, up_FxD, q8=q8_form(self, 'up_FxD'))
     out = linear(h, down_DxF)
     if self.model_axis is not None:
       out = jax.lax.psum(out, self.model_axis)
@@ -374,11 +390,8 @@ class Transformer(nn.Module):
     x_BxRxD = hidden_BxTxD
     if logit_indices_BxR is not None:
       x_BxRxD = jnp.take_along_axis(hidden_BxTxD, logit_indices_BxR[:, :, None], axis=1)
-    q8 = None
-    if self.has_variable('params', q8_head.HEAD_Q8):  # see q8_head.with_q8_head
-      q8 = (self.get_variable('params', q8_head.HEAD_Q8),
-            self.get_variable('params', q8_head.HEAD_SCALE))
-    logits_BxRxV = softcap_logits(lm_head(embedding_VxD, x_BxRxD, self.model_axis, q8), cfg)
+    logits_BxRxV = softcap_logits(
+        lm_head(embedding_VxD, x_BxRxD, self.model_axis, q8_form(self, 'embedding_VxD')), cfg)
     return ForwardOutput(logits_BxRxV, new_cache, hidden_BxTxD, stacked)
 
 
@@ -401,7 +414,7 @@ def head_logits(x_BxRxD: Array, table_VxD: Array,
                 q8: tuple[Array, Array] | None = None) -> Array:
   """x @ table.T in float32 for a vocabulary-sized table: the head's product.
 
-  `q8` is the same table as int8 values and float32 scales (`q8_head`): on CPU
+  `q8` is the same table as int8 values and float32 scales (`q8_weights`): on CPU
   1 to 20 rows then take the Q8_0 kernel, which reads a quarter of the bytes
   and gives the skinny-matmul kernel's bits (on the 2-core Xeon of 5 December
   2026, the 270M's head at 1 / 5 / 9 rows: 6.7 / 11.6 / 18.8 ms against XLA's

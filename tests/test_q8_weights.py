@@ -1,4 +1,4 @@
-"""The tied head from its Q8_0 form: the kernel's bits, the exact split of a table, and the model."""
+"""Matrices from their int8 blocks: the kernel's bits, the exact split of a matrix, and the model."""
 
 import gguf
 import jax
@@ -6,14 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax import sharding
 from specjax.cpu_kernels import q8_matmul
 from specjax.cpu_kernels import skinny_matmul
 from specjax.decoding import autoregressive, speculative
 from specjax.drafters import make_drafter
 from specjax.models import config as config_lib
-from specjax.models import gemma, q8_head
+from specjax.models import gemma, q8_weights
 from specjax.models.language_model import LanguageModel
-from toy_models import q8_exact
+from toy_models import gguf_exact, gguf_like_params
 
 
 def test_the_kernel_builds_here():
@@ -39,8 +40,8 @@ SHAPES = [(1, 7, 32), (1, 1000, 640), (2, 97, 640), (3, 50, 96), (5, 4099, 640),
 @pytest.mark.parametrize('rows,out,inner', SHAPES)
 def test_equals_the_float32_kernel_on_the_dequantized_matrix_bit_for_bit(rows, out, inner):
   rng = np.random.default_rng(rows * out + inner)
-  w_OxI = q8_exact(rng.normal(size=(out, inner)))
-  q_OxI, scale_OxB = q8_head.q8_form(w_OxI)
+  w_OxI = gguf_exact(rng.normal(size=(out, inner)), 'Q8_0' if rows % 2 else 'Q5_0')
+  q_OxI, scale_OxB = q8_weights.split(w_OxI)
   x_NxI = rng.normal(size=(rows, inner)).astype(np.float32)
   got = np.asarray(jax.jit(q8_matmul.q8_matmul)(x_NxI, q_OxI, scale_OxB))
   assert got.shape == (rows, out) and got.dtype == np.float32
@@ -59,59 +60,81 @@ def test_a_bad_operand_is_named():
     q8_matmul.q8_matmul(jnp.ones((2, 64)), jnp.ones((5, 64)), jnp.ones((5, 2)))
 
 
-def test_a_q8_table_splits_back_exactly_and_any_other_does_not():
+@pytest.mark.parametrize('kind', ['Q8_0', 'Q5_0', 'Q4_0'])
+def test_int8_block_formats_split_back_exactly(kind):
   rng = np.random.default_rng(1)
-  table = q8_exact(rng.normal(size=(300, 64)))
-  table[7, :32] = 0.0  # an all-zero block has scale 0
-  q, scale = q8_head.q8_form(table)
-  assert np.array_equal(np.asarray(q8_matmul.dequantize(q, scale)), table)
+  matrix = gguf_exact(rng.normal(size=(300, 64)), kind)
+  matrix[7, :32] = 0.0  # an all-zero block has scale 0
+  q, scale = q8_weights.split(matrix)
+  assert np.array_equal(np.asarray(q8_matmul.dequantize(q, scale)), matrix)
   assert scale[7, 0] == 0 and not q[7, :32].any()
-  assert q8_head.q8_form(rng.normal(size=(300, 64)).astype(np.float32)) is None  # float32
-  off = table.copy()
+
+
+def test_anything_else_does_not_split():
+  rng = np.random.default_rng(2)
+  matrix = gguf_exact(rng.normal(size=(300, 64)), 'Q8_0')
+  assert q8_weights.split(rng.normal(size=(300, 64)).astype(np.float32)) is None
+  # Q4_K's form, an integer times a scale minus an offset per 32 weights, and Q6_K's, a
+  # scale per 16 weights (gguf-py cannot quantize to either, so they are built here).
+  q_OxBxK = rng.integers(0, 16, size=(8, 8, 32)).astype(np.float32)
+  scale_OxBx1, offset_OxBx1 = rng.random((2, 8, 8, 1), dtype=np.float32) + np.float32(0.01)
+  assert q8_weights.split((q_OxBxK * scale_OxBx1 - offset_OxBx1).reshape(8, 256)) is None
+  q_OxBxK = rng.integers(-32, 32, size=(8, 16, 16)).astype(np.float32)
+  scale_OxBx1 = np.exp2(rng.integers(-8, 0, size=(8, 16, 1))).astype(np.float32)
+  assert q8_weights.split((q_OxBxK * scale_OxBx1).reshape(8, 256)) is None
+  off = matrix.copy()
   off[299, 63] = np.nextafter(off[299, 63], np.float32(np.inf))  # one weight one ulp away
-  assert q8_head.q8_form(off) is None
-  assert q8_head.q8_form(table[:, :48]) is None  # rows that are not whole blocks
-  assert q8_head.q8_form(np.where(table == table[0, 0], np.nan, table)) is None
+  assert q8_weights.split(off) is None
+  assert q8_weights.split(matrix[:, :48]) is None  # rows that are not whole blocks
+  assert q8_weights.split(np.where(matrix == matrix[0, 0], np.nan, matrix)) is None
 
 
-def _q8_tiny(seed=0, **overrides):
+def _gguf_like_tiny(seed=0, **overrides):
   cfg = config_lib.tiny_config(**overrides)
-  params = gemma.init_params(cfg, jax.random.key(seed))
-  params = jax.tree.map(lambda x: x * 1.5, params)
-  params = {**params, 'embedding_VxD': jnp.asarray(q8_exact(params['embedding_VxD']))}
-  return cfg, params, q8_head.with_q8_head(params)
+  params = jax.tree.map(lambda x: x * 1.5, gemma.init_params(cfg, jax.random.key(seed)))
+  params = gguf_like_params(params)
+  return cfg, params, q8_weights.with_q8_weights(params)
 
 
-def test_with_q8_head_adds_the_form_only_where_exact():
-  cfg, params, with_q8 = _q8_tiny()
-  assert sorted(set(with_q8) - set(params)) == [q8_head.HEAD_Q8, q8_head.HEAD_SCALE]
-  plain = gemma.init_params(cfg, jax.random.key(0))
-  assert q8_head.with_q8_head(plain) is plain
+def test_the_int8_forms_are_added_beside_the_matrices_that_split():
+  cfg, params, with_q8 = _gguf_like_tiny()
+  assert sorted(set(with_q8) - set(params)) == ['embedding_VxD_q8', 'embedding_VxD_q8scale']
+  assert sorted(with_q8['layer_0']['attn']) == sorted(
+      list(params['layer_0']['attn']) + [f'{m}{s}' for m in ('q_NHxD', 'k_KHxD', 'v_KHxD')
+                                         for s in ('_q8', '_q8scale')])
+  assert sorted(set(with_q8['layer_3']['mlp']) - set(params['layer_3']['mlp'])) == [
+      'gate_FxD_q8', 'gate_FxD_q8scale', 'up_FxD_q8', 'up_FxD_q8scale']
+  head_only = q8_weights.with_q8_weights(params, ('embedding_VxD',))
+  assert head_only['layer_0'] == params['layer_0'] and q8_weights.HEAD_FORM in head_only
+  plain = gemma.init_params(cfg, jax.random.key(0))  # random float32: nothing splits
+  assert q8_weights.with_q8_weights(plain) is plain
+  specs = sharding.param_specs(with_q8, cfg, 2)
+  assert specs['layer_0']['attn']['q_NHxD_q8scale'] == specs['layer_0']['attn']['q_NHxD']
 
 
 @pytest.mark.parametrize('length', [1, 2, 5, 9, 16, 20, 21])
-def test_the_model_gives_the_same_logits_from_the_q8_form(length):
-  # 2 to 15 rows: the float32 path is the skinny kernel, so the logits are the same bits;
+def test_the_model_gives_the_same_logits_and_cache_from_the_int8_forms(length):
+  # 2 to 15 rows: the float32 path is the skinny kernel, so everything is the same bits;
   # at 1 row it is XLA's GEMV and from 16 XLA's product (the q8 kernel takes 1 to 20).
-  cfg, params, with_q8 = _q8_tiny()
+  cfg, params, with_q8 = _gguf_like_tiny()
   model = LanguageModel(cfg)
   tokens = jnp.arange(3, 3 + length)[None] % cfg.vocab_size
   positions = jnp.arange(length)[None]
   run = jax.jit(lambda p: model.forward(p, tokens, positions, model.init_cache(1, 32)))
   plain, quant = run(params), run(with_q8)
-  text = jax.jit(lambda p: model.forward(p, tokens, positions, model.init_cache(1, 32))
-                 ).lower(with_q8).as_text()
-  assert (q8_matmul.TARGET in text) == (length <= q8_matmul.MAX_ROWS)
+  calls = run.lower(with_q8).as_text().count(f'@{q8_matmul.TARGET}(')
+  # the head and 5 matrices in each of 4 layers, or none past MAX_ROWS
+  assert calls == (1 + 5 * cfg.num_layers if length <= q8_matmul.MAX_ROWS else 0), calls
   if 2 <= length <= skinny_matmul.MAX_ROWS:
     assert np.array_equal(np.asarray(plain.logits_BxRxV), np.asarray(quant.logits_BxRxV))
+    for a, b in zip(jax.tree.leaves(plain.cache), jax.tree.leaves(quant.cache)):
+      assert np.array_equal(np.asarray(a), np.asarray(b))
   np.testing.assert_allclose(quant.logits_BxRxV, plain.logits_BxRxV, rtol=1e-5, atol=1e-5)
-  for a, b in zip(jax.tree.leaves(plain.cache), jax.tree.leaves(quant.cache)):
-    assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize('drafter', ['ngram', 'early_exit'])
-def test_speculative_greedy_from_the_q8_head_equals_autoregressive(drafter):
-  cfg, params, with_q8 = _q8_tiny(seed=3)
+def test_speculative_greedy_from_the_int8_forms_equals_autoregressive(drafter):
+  cfg, params, with_q8 = _gguf_like_tiny(seed=3)
   model = LanguageModel(cfg)
   prompts = [[5, 9, 3], [7, 1, 2, 8, 4, 6, 1, 2, 30, 31, 33], [11], [3, 3, 5, 2, 9]]
   ref = autoregressive.generate(model, params, prompts, max_new_tokens=16)

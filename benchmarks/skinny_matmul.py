@@ -11,6 +11,11 @@ rows and XLA's GEMV at one):
         so the weights stream from memory as in the model), chained;
   head  the tied 262,144 x 640 table, every logit consumed by a max.
 
+A third column, q8, computes the products of matrices held as int8 blocks
+(`cpu_kernels/q8_matmul`: the head, and the q, k, v, gate and up projections,
+which the embedded 270M's GGUF stores as Q8_0 and Q5_0) from those, and the
+others (o, down) with the float32 kernel.
+
 and prints, with the CPU model and flags, milliseconds per product at each
 row count, kernel / XLA, and each one's cost relative to its own one-row
 product (what a verify call pays over a decode step, product by product).
@@ -46,9 +51,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.cpu_kernels import q8_matmul
 from specjax.cpu_kernels import skinny_matmul
 from specjax.models import config as config_lib
 from specjax.models import gemma
+from specjax.models import q8_weights
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -58,16 +65,20 @@ ROWS = flags.DEFINE_list('rows', ['1', '2', '3', '5', '9', '16'], 'Rows of x (po
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs; each figure is the best.')
 
 
-def compiled(fn, args, kernel_rows: int):
+def compiled(fn, args, kernel_rows: int, q8: bool = False):
   """fn compiled with the kernel taking products of 1 to `kernel_rows` rows (0: none).
   The model leaves a single row to XLA (`skinny_matmul.MIN_ROWS`); this benchmark
-  times the kernel on it too, beside XLA."""
+  times the kernel on it too, beside XLA. `q8`: the args carry int8 forms, which
+  take the q8 kernel."""
   saved = skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS
   skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS = 1, kernel_rows
   jax.clear_caches()  # the row limit is read when fn is traced, and traces are cached
   try:
     lowered = jax.jit(fn).lower(*args)
-    assert (skinny_matmul.TARGET in lowered.as_text()) == (kernel_rows > 0)
+    if q8:
+      assert q8_matmul.TARGET in lowered.as_text()
+    else:
+      assert (skinny_matmul.TARGET in lowered.as_text()) == (kernel_rows > 0)
     return lowered.compile()
   finally:
     skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS = saved
@@ -79,7 +90,7 @@ def body_chain(layers, x_NxD):
   for w in layers:
     x_1xNxD = x_NxD[None]
     for name in ('q', 'k', 'v', 'gate', 'up'):
-      y = gemma.linear(x_1xNxD, w[name])
+      y = gemma.linear(x_1xNxD, w[name], q8=w.get(name + q8_weights.Q8_SUFFIX))
       total = total + y.sum()
     o = gemma.linear(jnp.ones(x_1xNxD.shape[:2] + (w['o'].shape[1],)) * total * 1e-9, w['o'])
     down = gemma.linear(jnp.ones(x_1xNxD.shape[:2] + (w['down'].shape[1],)) * total * 1e-9,
@@ -88,8 +99,17 @@ def body_chain(layers, x_NxD):
   return total + x_NxD.sum()
 
 
-def head_max(table_VxD, x_NxD):
-  return gemma.head_logits(x_NxD[None], table_VxD).max(-1)
+def head_max(table, x_NxD):
+  table_VxD, q8 = table if isinstance(table, tuple) else (table, None)
+  return gemma.head_logits(x_NxD[None], table_VxD, q8).max(-1)
+
+
+def int8_blocks(shape, rng):
+  """Random int8 values and float32 scales per 32, and the float32 matrix they make."""
+  q = rng.integers(-127, 128, size=shape, dtype=np.int8)
+  scale = (rng.random((shape[0], shape[1] // q8_matmul.BLOCK), dtype=np.float32) * 1e-3)
+  q, scale = jnp.asarray(q), jnp.asarray(scale)
+  return q8_matmul.dequantize(q, scale), (q, scale)
 
 
 def main(argv):
@@ -102,24 +122,38 @@ def main(argv):
   shapes = {'q': (heads * h, d), 'k': (kv * h, d), 'v': (kv * h, d), 'o': (d, heads * h),
             'gate': (f, d), 'up': (f, d), 'down': (d, f)}
   rng = np.random.default_rng(0)
-  layers = [{k: jnp.asarray(rng.standard_normal(s, dtype=np.float32) * 0.02)
-             for k, s in shapes.items()} for _ in range(cfg.num_layers)]
-  table_VxD = jnp.asarray(rng.standard_normal((cfg.vocab_size, d), dtype=np.float32) * 0.02)
+  layers, q8_layers = [], []
+  for _ in range(cfg.num_layers):
+    layer, q8_layer = {}, {}
+    for k, shape in shapes.items():
+      layer[k], q8 = int8_blocks(shape, rng)
+      q8_layer[k] = layer[k]
+      if k in ('q', 'k', 'v', 'gate', 'up'):  # the 270M's int8-block matrices (Q5_0, Q8_0)
+        q8_layer[k + q8_weights.Q8_SUFFIX] = q8
+    layers.append(layer)
+    q8_layers.append(q8_layer)
+  table_VxD, table_q8 = int8_blocks((cfg.vocab_size, d), rng)
   rows = [int(r) for r in ROWS.value]
-  print('| product | rows | xla ms | kernel ms | kernel / xla | xla / 1 row | kernel / 1 row |')
-  print('|---|---|---|---|---|---|---|')
-  for name, fn, weights in (('body, 18 layers', body_chain, layers), ('head', head_max, table_VxD)):
+  print('| product | rows | xla ms | kernel ms | q8 ms | kernel / xla | q8 / xla | xla / 1 row '
+        '| kernel / 1 row | q8 / 1 row |')
+  print('|---|---|---|---|---|---|---|---|---|---|')
+  for name, fn, weights, q8_weights_ in (
+      ('body, 18 layers', body_chain, layers, q8_layers),
+      ('head', head_max, table_VxD, (table_VxD, table_q8))):
     one = {}
     for n in rows:
-      args = (weights, jnp.ones((n, d), jnp.float32))
+      x_NxD = jnp.ones((n, d), jnp.float32)
       ms = {}
-      for form, kernel_rows in (('xla', 0), ('kernel', max(rows))):
-        ms[form] = timing.best_seconds(compiled(fn, args, kernel_rows), *args,
+      for form, kernel_rows, w in (('xla', 0, weights), ('kernel', max(rows), weights),
+                                   ('q8', max(rows), q8_weights_)):
+        ms[form] = timing.best_seconds(compiled(fn, (w, x_NxD), kernel_rows, form == 'q8'),
+                                       w, x_NxD,
                                        repeats=REPEATS.value) * 1e3
         one.setdefault(form, ms[form])
-      print(f'| {name} | {n} | {ms["xla"]:.1f} | {ms["kernel"]:.1f} | '
-            f'{ms["kernel"] / ms["xla"]:.2f} | {ms["xla"] / one["xla"]:.2f} | '
-            f'{ms["kernel"] / one["kernel"]:.2f} |', flush=True)
+      print(f'| {name} | {n} | {ms["xla"]:.1f} | {ms["kernel"]:.1f} | {ms["q8"]:.1f} | '
+            f'{ms["kernel"] / ms["xla"]:.2f} | {ms["q8"] / ms["xla"]:.2f} | '
+            f'{ms["xla"] / one["xla"]:.2f} | {ms["kernel"] / one["kernel"]:.2f} | '
+            f'{ms["q8"] / one["q8"]:.2f} |', flush=True)
 
 
 if __name__ == '__main__':

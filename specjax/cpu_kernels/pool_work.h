@@ -46,6 +46,33 @@ void run_on_pool(xla::ffi::ThreadPool& pool, std::shared_ptr<Job> job) {
   }
 }
 
+// Output rows [0, O) of a matrix product in chunks of whole panels of
+// `rows_per_panel`, about 8 chunks per thread so that a slow thread does not
+// hold the call up, each chunk run as rows(o0, o1) on the pool.
+template <typename RowsFn>
+struct RowChunks {
+  RowChunks(RowsFn rows, int64_t O, int64_t rows_per_chunk)
+      : rows(rows), O(O), rows_per_chunk(rows_per_chunk),
+        num_items((O + rows_per_chunk - 1) / rows_per_chunk) {}
+
+  RowsFn rows;
+  int64_t O, rows_per_chunk, num_items;
+  PoolCounters counters;
+
+  void item(int64_t c) {
+    const int64_t o0 = c * rows_per_chunk;
+    rows(o0, std::min(O, o0 + rows_per_chunk));
+  }
+};
+
+template <typename RowsFn>
+void run_row_chunks(xla::ffi::ThreadPool& pool, int64_t O, int64_t rows_per_panel, RowsFn rows) {
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t panels = (O + rows_per_panel - 1) / rows_per_panel;
+  const int64_t rows_per_chunk = std::max<int64_t>(1, panels / (8 * threads)) * rows_per_panel;
+  run_on_pool(pool, std::make_shared<RowChunks<RowsFn>>(rows, O, rows_per_chunk));
+}
+
 }  // namespace specjax
 
 #endif  // SPECJAX_CPU_KERNELS_POOL_WORK_H_

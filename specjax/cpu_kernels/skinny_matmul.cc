@@ -165,20 +165,6 @@ void panel_rows(const float* x, const float* w, float* y, int64_t N, int64_t O, 
   }
 }
 
-// Chunks of rows, run by `specjax::run_on_pool`.
-struct Chunks {
-  const float* x;
-  const float* w;
-  float* y;
-  int64_t N, O, I, rows_per_chunk, num_items;
-  specjax::PoolCounters counters;
-
-  void item(int64_t c) {
-    const int64_t o0 = c * rows_per_chunk;
-    panel_rows(x, w, y, N, O, I, o0, std::min(O, o0 + rows_per_chunk));
-  }
-};
-
 ffi::Error SkinnyMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
                         ffi::Buffer<ffi::F32> w_OxI, ffi::ResultBuffer<ffi::F32> y_NxO) {
   const auto xd = x_NxI.dimensions();
@@ -188,19 +174,12 @@ ffi::Error SkinnyMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
   }
   const int64_t N = xd[0], I = xd[1], O = wd[0];
   if (N == 0 || O == 0) return ffi::Error::Success();
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  auto chunks = std::make_shared<Chunks>();
-  chunks->x = x_NxI.typed_data();
-  chunks->w = w_OxI.typed_data();
-  chunks->y = y_NxO->typed_data();
-  chunks->N = N;
-  chunks->O = O;
-  chunks->I = I;
-  // About 8 chunks per thread, so a slow thread does not hold the call up.
-  const int64_t panels = (O + kRowsPerPanel - 1) / kRowsPerPanel;
-  chunks->rows_per_chunk = std::max<int64_t>(1, panels / (8 * threads)) * kRowsPerPanel;
-  chunks->num_items = (O + chunks->rows_per_chunk - 1) / chunks->rows_per_chunk;
-  specjax::run_on_pool(pool, chunks);
+  const float* x = x_NxI.typed_data();
+  const float* w = w_OxI.typed_data();
+  float* y = y_NxO->typed_data();
+  specjax::run_row_chunks(pool, O, kRowsPerPanel, [=](int64_t o0, int64_t o1) {
+    panel_rows(x, w, y, N, O, I, o0, o1);
+  });
   return ffi::Error::Success();
 }
 

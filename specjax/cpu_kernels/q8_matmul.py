@@ -16,10 +16,13 @@ dequantized table. No gradient: the target is frozen.
 
 Measured on a 2-core Sapphire Rapids-class Xeon (5 December 2026, random
 Q8_0 values of the head's shape, best of 7; /tmp script, the figures as
-printed): 6.7 / 11.6 / 18.8 / 26.2 / 33.0 / 43.4 ms at 1 / 5 / 9 / 12 / 16 /
-20 rows, against the float32 skinny kernel's 18.0 / 19.5 / 25.1 ms (1 to 9
-rows) and XLA's float32 product's 22.0 / 30.5 / 34.1 / 38.5 / 41.0 / 49.1;
-from 32 rows XLA is faster (62 against 75 ms), hence MAX_ROWS.
+printed), the head at 1 / 5 / 9 / 12 / 16 / 20 rows took 5.4-6.0 / 9.5-10.0 /
+13.8-16.0 / 19.7-21.0 / 24.3-26.0 / 36.4-37.6 ms with two rows of w to a
+512-bit register (two runs), 7.1 / 13.2 / 23.4 / 29.4 / 41.0 / 46.7 ms with
+one to a 256-bit register (AVX2's path) in between, against the float32 skinny
+kernel's 19-29 ms at 1 to 9 rows and XLA's float32 product's 24-38 ms at 1
+to 9 rows and 40-56 ms at 12 to 20. Past 20 rows XLA's float32 matmul is as
+fast (62 against 75 ms at 32, 256-bit path), hence MAX_ROWS.
 """
 
 from __future__ import annotations

@@ -417,9 +417,9 @@ def head_logits(x_BxRxD: Array, table_VxD: Array,
   `q8` is the same table as int8 values and float32 scales (`q8_weights`): on CPU
   1 to 20 rows then take the Q8_0 kernel, which reads a quarter of the bytes
   and gives the skinny-matmul kernel's bits (on the 2-core Xeon of 5 December
-  2026, the 270M's head at 1 / 5 / 9 rows: 6.7 / 11.6 / 18.8 ms against XLA's
-  22.0 at one row and the float32 kernel's 19.5 / 25.1 at 5 / 9; see
-  q8_matmul.py).
+  2026, the 270M's head at 1 / 5 / 9 rows: 5.4-6.0 / 9.5-10.0 / 13.8-16.0 ms
+  against XLA's 24-33 at one row and the float32 kernel's 22-29 / 28-31 at 5 /
+  9; see q8_matmul.py).
   On CPU a float32 table and 2 to 15 rows take the skinny-matmul kernel
   (through `linear`). Past that, or where the kernel is not built, for 2 to 64
   rows (a verify call's gamma + 1 positions, a small batch of them) it is

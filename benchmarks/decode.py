@@ -95,10 +95,10 @@ def load_specjax():
   (config, params), info['load_checkpoint_s'] = _timed(
       lambda: checkpoints.load_checkpoint(embedded.EMBEDDED_NAME))
   # The int8 forms of the matrices, as the product serves them (models/q8_weights): ~2 s.
-  params, info['q8_head_s'] = _timed(lambda: q8_weights.with_q8_weights(params))
-  info['q8_head'] = q8_weights.HEAD_FORM in params
+  params, info['int8_forms_s'] = _timed(lambda: q8_weights.with_q8_weights(params))
+  info['head_int8'] = q8_weights.HEAD_FORM in params
   params, info['device_put_s'] = _timed(lambda: jax.block_until_ready(jax.device_put(params)))
-  info['load_s'] = info['load_checkpoint_s'] + info['q8_head_s'] + info['device_put_s']
+  info['load_s'] = info['load_checkpoint_s'] + info['int8_forms_s'] + info['device_put_s']
   entry = weight_cache.entry_dir(weight_cache.file_sha256(embedded.default_gguf_path()))
   info.update(cache_dir=str(cache_dir), cache_hit=entry.name in complete_before)
   model = LanguageModel(config)
@@ -291,8 +291,8 @@ def report(raw: dict) -> str:
   lines += [
       '', '| one-off cost | specjax | transformers | transformers / specjax |', '|---|---|---|---|',
       f"| weight load, s | {sj['load_s']:.2f} (weight cache {cache}; load_checkpoint "
-      f"{sj['load_checkpoint_s']:.2f} + int8 forms {sj.get('q8_head_s', 0):.2f} "
-      f"({'head served from int8' if sj.get('q8_head') else 'none'}) + device_put "
+      f"{sj['load_checkpoint_s']:.2f} + int8 forms {sj.get('int8_forms_s', 0):.2f} "
+      f"({'head served from int8' if sj.get('head_int8') else 'none'}) + device_put "
       f"{sj['device_put_s']:.2f}; memory-mapped, "
       f"pages read on first use) | {hf['load_s']:.2f} (of which its GGUF tokenizer alone takes "
       f"{hf['tokenizer_load_s']:.2f}) | {hf['load_s'] / sj['load_s']:.2f}x |",

@@ -1,6 +1,5 @@
 """Matrices from their int8 blocks: the kernel's bits, the exact split of a matrix, and the model."""
 
-import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,16 +18,6 @@ from toy_models import gguf_exact, gguf_like_params
 
 def test_the_kernel_builds_here():
   assert q8_matmul.available(), 'the q8_matmul kernel did not build: see the warning logged above'
-
-
-def test_gguf_blocks_split_into_the_values_gguf_dequantizes_to():
-  rng = np.random.default_rng(0)
-  w_OxI = rng.normal(size=(40, 96)).astype(np.float32)
-  blocks = gguf.quants.quantize(w_OxI, gguf.GGMLQuantizationType.Q8_0)
-  q_OxI, scale_OxB = q8_matmul.from_gguf_blocks(blocks, 96)
-  assert q_OxI.dtype == np.int8 and scale_OxB.shape == (40, 3)
-  expected = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0).reshape(40, 96)
-  assert np.array_equal(np.asarray(q8_matmul.dequantize(q_OxI, scale_OxB)), expected)
 
 
 # (rows, out, in): one group of up to 12 rows, two even ones past that (13: 7 + 6, 20:

@@ -8,8 +8,9 @@ times an int8) is exact in float32, so the product is the dequantized model's,
 and it equals `skinny_matmul` over the dequantized matrix bit for bit (the same
 sums in the same order): row n of y is the same whatever the number of rows.
 
-`Q8Table` is the pair (int8 q[O, I], float32 scale[O, I / 32]); `from_gguf_blocks`
-and `dequantize` convert from and to GGUF's bytes and float32. `applies` says
+A matrix's int8 form is the pair (int8 q[O, I], float32 scale[O, I / 32]),
+made by `models/q8_weights.split`; `dequantize` gives back the float32 matrix.
+`applies` says
 whether a product can take the kernel: the CPU backend, float32 x, 1 to
 MAX_ROWS rows and the kernel built (see build.py). Elsewhere callers use the
 dequantized table. No gradient: the target is frozen.
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.cpu_kernels import build
 
@@ -38,7 +38,6 @@ Array = jax.Array
 KERNEL = 'q8_matmul'
 TARGET = 'specjax_q8_matmul_f32'
 BLOCK = 32  # Q8_0's weights per scale
-_BLOCK_BYTES = 2 + BLOCK  # a float16 scale, then 32 int8 values
 MAX_ROWS = 20
 
 
@@ -50,16 +49,6 @@ def available() -> bool:
 def applies(num_rows: int, x: Array) -> bool:
   return (jax.default_backend() == 'cpu' and 1 <= num_rows <= MAX_ROWS
           and x.dtype == jnp.float32 and available())
-
-
-def from_gguf_blocks(blocks: np.ndarray, num_in: int) -> tuple[np.ndarray, np.ndarray]:
-  """GGUF Q8_0 bytes of a matrix with rows of `num_in` -> (int8 q[O, I], float32 scale[O, I / 32])."""
-  if num_in % BLOCK:
-    raise ValueError(f'Q8_0 rows hold a multiple of {BLOCK} weights, not {num_in}')
-  raw = np.ascontiguousarray(blocks, np.uint8).reshape(-1, _BLOCK_BYTES)
-  scale = raw[:, :2].copy().view(np.float16).astype(np.float32).reshape(-1, num_in // BLOCK)
-  q = raw[:, 2:].copy().view(np.int8).reshape(-1, num_in)
-  return q, scale
 
 
 def dequantize(q_OxI: Array, scale_OxB: Array) -> Array:

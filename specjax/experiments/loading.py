@@ -104,6 +104,9 @@ def load_draft_model(config: ExperimentConfig, target: language_model.LanguageMo
     raise checkpoints.CheckpointError(f'{path}: {e}') from None
   params = distilled_objective.student_params(jax.tree.map(jnp.asarray, weights),
                                               target_params['embedding_VxD'])
+  # The table's int8 form too, where the target has one, rather than splitting it again.
+  params.update({k: target_params[k] for k in (q8_weights.HEAD_FORM, q8_weights.HEAD_SCALE)
+                 if k in target_params})
   return (*_place(student, params, target.mesh), vocab_ids)
 
 

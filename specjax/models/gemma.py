@@ -437,11 +437,9 @@ def head_logits(x_BxRxD: Array, table_VxD: Array,
   b, r, d = x_BxRxD.shape
   rows = b * r
   x32_BxRxD = x_BxRxD.astype(jnp.float32)
-  if q8 is not None and q8_matmul_lib.applies(rows, x32_BxRxD):
-    y_NxV = q8_matmul_lib.q8_matmul(x32_BxRxD.reshape(rows, d), *q8)
-    return y_NxV.reshape(b, r, table_VxD.shape[0])
-  if skinny_matmul_lib.applies(rows, x32_BxRxD, table_VxD):
-    return linear(x32_BxRxD, table_VxD, out_dtype=jnp.float32)
+  if (q8 is not None and q8_matmul_lib.applies(rows, x32_BxRxD)
+      or skinny_matmul_lib.applies(rows, x32_BxRxD, table_VxD)):
+    return linear(x32_BxRxD, table_VxD, out_dtype=jnp.float32, q8=q8)
   if jax.default_backend() != 'cpu' or not 1 < rows <= _CPU_HEAD_REDUCE_MAX_ROWS:
     return linear(x_BxRxD, table_VxD, out_dtype=jnp.float32)
   x_NxD = x32_BxRxD.reshape(rows, d)

@@ -12,9 +12,10 @@ rows and XLA's GEMV at one):
   head  the tied 262,144 x 640 table, every logit consumed by a max.
 
 A third column, q8, computes the products of matrices held as int8 blocks
-(`cpu_kernels/q8_matmul`: the head, and the q, k, v, gate and up projections,
-which the embedded 270M's GGUF stores as Q8_0 and Q5_0) from those, and the
-others (o, down) with the float32 kernel.
+(`cpu_kernels/q8_matmul`) from those, in the embedded 270M's GGUF formats:
+the head, and the q, k, v, gate and up projections, a scale per 32 weights
+(Q8_0, Q5_0); o, a scale and an offset per 32 (Q4_K); down, a scale per 16
+(Q6_K; half the 270M's down projections are Q4_K).
 
 and prints, with the CPU model and flags, milliseconds per product at each
 row count, kernel / XLA, and each one's cost relative to its own one-row
@@ -92,9 +93,10 @@ def body_chain(layers, x_NxD):
     for name in ('q', 'k', 'v', 'gate', 'up'):
       y = gemma.linear(x_1xNxD, w[name], q8=w.get(name + q8_weights.Q8_SUFFIX))
       total = total + y.sum()
-    o = gemma.linear(jnp.ones(x_1xNxD.shape[:2] + (w['o'].shape[1],)) * total * 1e-9, w['o'])
+    o = gemma.linear(jnp.ones(x_1xNxD.shape[:2] + (w['o'].shape[1],)) * total * 1e-9, w['o'],
+                     q8=w.get('o' + q8_weights.Q8_SUFFIX))
     down = gemma.linear(jnp.ones(x_1xNxD.shape[:2] + (w['down'].shape[1],)) * total * 1e-9,
-                        w['down'])
+                        w['down'], q8=w.get('down' + q8_weights.Q8_SUFFIX))
     x_NxD = x_NxD + 1e-3 * (o + down)[0]
   return total + x_NxD.sum()
 
@@ -104,12 +106,14 @@ def head_max(table, x_NxD):
   return gemma.head_logits(x_NxD[None], table_VxD, q8).max(-1)
 
 
-def int8_blocks(shape, rng):
-  """Random int8 values and float32 scales per 32, and the float32 matrix they make."""
-  q = rng.integers(-127, 128, size=shape, dtype=np.int8)
-  scale = (rng.random((shape[0], shape[1] // q8_matmul.BLOCK), dtype=np.float32) * 1e-3)
-  q, scale = jnp.asarray(q), jnp.asarray(scale)
-  return q8_matmul.dequantize(q, scale), (q, scale)
+def int8_blocks(shape, rng, block=32, offset=False):
+  """Random int8 values, float32 scales per `block` (and offsets), and the float32 matrix
+  they make."""
+  q = rng.integers(0 if offset else -127, 16 if offset else 128, size=shape, dtype=np.int8)
+  scales = rng.random((2, shape[0], shape[1] // block), dtype=np.float32) * 1e-3
+  form = (q, scales[0], scales[1]) if offset else (q, scales[0])
+  form = tuple(jnp.asarray(a) for a in form)
+  return q8_matmul.dequantize(*form), form
 
 
 def main(argv):
@@ -126,10 +130,10 @@ def main(argv):
   for _ in range(cfg.num_layers):
     layer, q8_layer = {}, {}
     for k, shape in shapes.items():
-      layer[k], q8 = int8_blocks(shape, rng)
+      # the 270M's formats: Q5_0 and Q8_0, o Q4_K, down Q6_K (half of them)
+      layer[k], q8 = int8_blocks(shape, rng, block=16 if k == 'down' else 32, offset=k == 'o')
       q8_layer[k] = layer[k]
-      if k in ('q', 'k', 'v', 'gate', 'up'):  # the 270M's int8-block matrices (Q5_0, Q8_0)
-        q8_layer[k + q8_weights.Q8_SUFFIX] = q8
+      q8_layer[k + q8_weights.Q8_SUFFIX] = q8
     layers.append(layer)
     q8_layers.append(q8_layer)
   table_VxD, table_q8 = int8_blocks((cfg.vocab_size, d), rng)

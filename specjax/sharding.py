@@ -9,6 +9,7 @@ are a table keyed by parameter name, so a new weight needs one line here.
 from __future__ import annotations
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from specjax.models import q8_weights
@@ -55,12 +56,19 @@ def param_specs(params, config: GemmaConfig, model_size: int):
       'scale': P(),
   }
 
-  def spec(path, _):
+  def spec(path, leaf):
     name = path[-1].key
-    # A matrix's int8 form (models/q8_weights.py) is split like the matrix: by its rows.
-    name = name.removesuffix(q8_weights.Q8_SUFFIX).removesuffix(q8_weights.SCALE_SUFFIX)
+    # A matrix's int8 form (models/q8_weights.py) is split like the matrix; a matrix split
+    # by its input (o, down) must leave each shard whole blocks of its scales.
+    for suffix in q8_weights.FORM_SUFFIXES:
+      name = name.removesuffix(suffix)
     if name not in rules:
       raise ValueError(f'no sharding rule for parameter {jax.tree_util.keystr(path)}')
+    for axis, part in enumerate(rules[name]):
+      if part == 'model' and name != path[-1].key and np.shape(leaf)[axis] % model_size:
+        raise ValueError(f'{jax.tree_util.keystr(path)}: its {np.shape(leaf)[axis]} blocks a row '
+                         f'do not split over the model axis size {model_size}; serve this '
+                         'model without int8 forms (q8_weights) or on another mesh')
     return rules[name]
   return jax.tree_util.tree_map_with_path(spec, params)
 

@@ -85,24 +85,33 @@ def main():
   b = speculative.generate(many, sharded_params, make_drafter('ngram', target=many), prompts,
                            gamma=tree.max_depth, max_new_tokens=12, tree=tree)
   results['ngram_tree'] = [a.new_tokens, b.new_tokens, ref.new_tokens]
-  # Matrices from their int8 blocks (models/q8_weights), split by rows like the matrices.
+  # Matrices from their int8 blocks (models/q8_weights), split like the matrices: on 2 model
+  # shards every matrix's (o, Q4_K-like: 2 blocks a row; down, Q6_K-like: 4), on 4 all but o's.
   plain = gguf_like_params(params)
-  q8_params = q8_weights.with_q8_weights(plain)
-  assert q8_weights.HEAD_FORM in q8_params and 'q_NHxD_q8' in q8_params['layer_0']['attn']
-  sharded_q8 = sharding.shard_params(q8_params, cfg, mesh)
   tokens = jnp.asarray([[5, 9, 3, 7, 1], [2, 8, 4, 6, 1]] * 2)
   positions = jnp.broadcast_to(jnp.arange(5), tokens.shape)
-  calls = [jax.jit(lambda p, lm=lm: lm.forward(p, tokens, positions, lm.init_cache(4, 16)
-                                               ).logits_BxRxV) for lm in (one, many)]
-  logits = [calls[0](plain), calls[1](sharded_q8)]
-  results['forward_q8'] = [float(jnp.abs(logits[0] - logits[1]).max()),
-                           q8_matmul.TARGET in calls[1].lower(sharded_q8).as_text()]
   ar = autoregressive.generate(one, plain, prompts, max_new_tokens=12, sampling=greedy)
-  a = speculative.generate(one, q8_params, make_drafter('ngram', target=one), prompts,
-                           gamma=3, max_new_tokens=12)
-  b = speculative.generate(many, sharded_q8, make_drafter('ngram', target=many), prompts,
-                           gamma=3, max_new_tokens=12)
-  results['ngram_q8'] = [a.new_tokens, b.new_tokens, ar.new_tokens]
+  for data, model_size in ((4, 2), (2, 4)):
+    q8_mesh = sharding.make_mesh(data, model_size)
+    q8_many = LanguageModel(cfg, mesh=q8_mesh)
+    q8_params = q8_weights.with_q8_weights(plain, model_shards=model_size)
+    attn = q8_params['layer_0']['attn']
+    assert q8_weights.HEAD_FORM in q8_params and 'q_NHxD_q8' in attn
+    assert ('o_DxNH_q8offset' in attn) == (model_size == 2), sorted(attn)
+    assert 'down_DxF_q8' in q8_params['layer_0']['mlp']
+    sharded_q8 = sharding.shard_params(q8_params, cfg, q8_mesh)
+    calls = [jax.jit(lambda p, lm=lm: lm.forward(p, tokens, positions, lm.init_cache(4, 16)
+                                                 ).logits_BxRxV) for lm in (one, q8_many)]
+    logits = [calls[0](plain), calls[1](sharded_q8)]
+    program = calls[1].lower(sharded_q8).as_text()
+    results[f'forward_q8_model{model_size}'] = [
+        float(jnp.abs(logits[0] - logits[1]).max()), q8_matmul.TARGET in program,
+        (q8_matmul.OFFSET_TARGET in program) == (model_size == 2)]
+    a = speculative.generate(one, q8_params, make_drafter('ngram', target=one), prompts,
+                             gamma=3, max_new_tokens=12)
+    b = speculative.generate(q8_many, sharded_q8, make_drafter('ngram', target=q8_many), prompts,
+                             gamma=3, max_new_tokens=12)
+    results[f'ngram_q8_model{model_size}'] = [a.new_tokens, b.new_tokens, ar.new_tokens]
   json.dump(results, sys.stdout)
 
 

@@ -24,58 +24,71 @@ def test_the_kernel_builds_here():
 # 10 + 10), outs that leave partial row blocks, panels and chunks.
 SHAPES = [(1, 7, 32), (1, 1000, 640), (2, 97, 640), (3, 50, 96), (5, 4099, 640), (8, 300, 256),
           (9, 97, 640), (12, 301, 640), (13, 5000, 64), (16, 301, 640), (20, 97, 640)]
+# The same for Q4_K's blocks (a scale and an offset per 32) and Q6_K's (a scale per 16), with
+# the 270M's o and down shapes.
+K_SHAPES = [(1, 640, 1024), (2, 97, 256), (5, 640, 2048), (9, 301, 512), (13, 50, 256),
+            (20, 97, 256)]
+CASES = ([(shape, 'Q8_0' if shape[0] % 2 else 'Q5_0') for shape in SHAPES]
+         + [(shape, kind) for kind in ('Q4_K', 'Q6_K') for shape in K_SHAPES])
 
 
-@pytest.mark.parametrize('rows,out,inner', SHAPES)
-def test_equals_the_float32_kernel_on_the_dequantized_matrix_bit_for_bit(rows, out, inner):
+def _product(x_NxI, form):
+  return np.asarray(jax.jit(q8_matmul.q8_matmul)(x_NxI, *[a for a in form if a is not None]))
+
+
+@pytest.mark.parametrize('shape,kind', CASES)
+def test_equals_the_float32_kernel_on_the_dequantized_matrix_bit_for_bit(shape, kind):
+  rows, out, inner = shape
   rng = np.random.default_rng(rows * out + inner)
-  w_OxI = gguf_exact(rng.normal(size=(out, inner)), 'Q8_0' if rows % 2 else 'Q5_0')
-  q_OxI, scale_OxB = q8_weights.split(w_OxI)
+  w_OxI = gguf_exact(rng.normal(size=(out, inner)), kind)
+  form = q8_weights.split(w_OxI)
+  assert (form.offset is not None) == (kind == 'Q4_K')
+  assert form.scale.shape == (out, inner // (16 if kind == 'Q6_K' else 32))
   x_NxI = rng.normal(size=(rows, inner)).astype(np.float32)
-  got = np.asarray(jax.jit(q8_matmul.q8_matmul)(x_NxI, q_OxI, scale_OxB))
+  got = _product(x_NxI, form)
   assert got.shape == (rows, out) and got.dtype == np.float32
   assert np.array_equal(got, np.asarray(jax.jit(skinny_matmul.skinny_matmul)(x_NxI, w_OxI)))
   expected = x_NxI.astype(np.float64) @ w_OxI.astype(np.float64).T
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.sqrt(inner))
   for n in range(rows):  # whatever the number of rows, block or thread
-    alone = np.asarray(jax.jit(q8_matmul.q8_matmul)(x_NxI[n:n + 1], q_OxI, scale_OxB))[0]
+    alone = _product(x_NxI[n:n + 1], form)[0]
     assert np.array_equal(got[n], alone), f'row {n} of {rows} differs from itself alone'
 
 
 def test_a_bad_operand_is_named():
-  with pytest.raises(ValueError, match='multiple of 32'):
+  with pytest.raises(ValueError, match='B in'):
     q8_matmul.q8_matmul(jnp.ones((2, 40)), jnp.ones((5, 40), jnp.int8), jnp.ones((5, 1)))
   with pytest.raises(ValueError, match=r'int8 q\[O, I\]'):
     q8_matmul.q8_matmul(jnp.ones((2, 64)), jnp.ones((5, 64)), jnp.ones((5, 2)))
+  with pytest.raises(ValueError, match='offset like scale'):
+    q8_matmul.q8_matmul(jnp.ones((2, 64)), jnp.ones((5, 64), jnp.int8), jnp.ones((5, 2)),
+                        jnp.ones((5, 4)))
 
 
-@pytest.mark.parametrize('kind', ['Q8_0', 'Q5_0', 'Q4_0'])
+@pytest.mark.parametrize('kind', ['Q8_0', 'Q5_0', 'Q4_0', 'Q4_K', 'Q6_K'])
 def test_int8_block_formats_split_back_exactly(kind):
   rng = np.random.default_rng(1)
-  matrix = gguf_exact(rng.normal(size=(300, 64)), kind)
-  matrix[7, :32] = 0.0  # an all-zero block has scale 0
-  q, scale = q8_weights.split(matrix)
-  assert np.array_equal(np.asarray(q8_matmul.dequantize(q, scale)), matrix)
-  assert scale[7, 0] == 0 and not q[7, :32].any()
+  matrix = gguf_exact(rng.normal(size=(300, 256)), kind)
+  matrix[7, :32] = 0.0  # all-zero blocks: scale 0 (or offset 0)
+  form = q8_weights.split(matrix)
+  rebuilt = q8_matmul.dequantize(*[a for a in form if a is not None])
+  assert np.array_equal(np.asarray(rebuilt), matrix)
+  assert not form.q[7, :32].any() and not form.scale[7, :32 * form.scale.shape[1] // 256].any()
+  if kind == 'Q4_K':
+    assert not form.offset[7, 0]
 
 
-def test_anything_else_does_not_split():
+@pytest.mark.parametrize('kind', ['Q8_0', 'Q4_K', 'Q6_K'])
+def test_anything_else_does_not_split(kind):
   rng = np.random.default_rng(2)
-  matrix = gguf_exact(rng.normal(size=(300, 64)), 'Q8_0')
   assert q8_weights.split(rng.normal(size=(300, 64)).astype(np.float32)) is None
-  # Q4_K's form, an integer times a scale minus an offset per 32 weights, and Q6_K's, a
-  # scale per 16 weights (gguf-py cannot quantize to either, so they are built here).
-  q_OxBxK = rng.integers(0, 16, size=(8, 8, 32)).astype(np.float32)
-  scale_OxBx1, offset_OxBx1 = rng.random((2, 8, 8, 1), dtype=np.float32) + np.float32(0.01)
-  assert q8_weights.split((q_OxBxK * scale_OxBx1 - offset_OxBx1).reshape(8, 256)) is None
-  q_OxBxK = rng.integers(-32, 32, size=(8, 16, 16)).astype(np.float32)
-  scale_OxBx1 = np.exp2(rng.integers(-8, 0, size=(8, 16, 1))).astype(np.float32)
-  assert q8_weights.split((q_OxBxK * scale_OxBx1).reshape(8, 256)) is None
+  matrix = gguf_exact(rng.normal(size=(300, 256)), kind)
   off = matrix.copy()
   off[299, 63] = np.nextafter(off[299, 63], np.float32(np.inf))  # one weight one ulp away
   assert q8_weights.split(off) is None
-  assert q8_weights.split(matrix[:, :48]) is None  # rows that are not whole blocks
+  assert q8_weights.split(matrix[:, :40]) is None  # rows that are not whole blocks
   assert q8_weights.split(np.where(matrix == matrix[0, 0], np.nan, matrix)) is None
+  assert q8_weights.split(matrix.astype(np.float16)) is None
 
 
 def _gguf_like_tiny(seed=0, **overrides):
@@ -89,16 +102,25 @@ def test_the_int8_forms_are_added_beside_the_matrices_that_split():
   cfg, params, with_q8 = _gguf_like_tiny()
   assert sorted(set(with_q8) - set(params)) == ['embedding_VxD_q8', 'embedding_VxD_q8scale']
   assert sorted(with_q8['layer_0']['attn']) == sorted(
-      list(params['layer_0']['attn']) + [f'{m}{s}' for m in ('q_NHxD', 'k_KHxD', 'v_KHxD')
-                                         for s in ('_q8', '_q8scale')])
-  assert sorted(set(with_q8['layer_3']['mlp']) - set(params['layer_3']['mlp'])) == [
-      'gate_FxD_q8', 'gate_FxD_q8scale', 'up_FxD_q8', 'up_FxD_q8scale']
+      list(params['layer_0']['attn']) + ['o_DxNH_q8offset']
+      + [f'{m}{s}' for m in ('q_NHxD', 'k_KHxD', 'v_KHxD', 'o_DxNH') for s in ('_q8', '_q8scale')])
+  mlp = with_q8['layer_3']['mlp']
+  assert sorted(set(mlp) - set(params['layer_3']['mlp'])) == [
+      f'{m}{s}' for m in ('down_DxF', 'gate_FxD', 'up_FxD') for s in ('_q8', '_q8scale')]
+  assert mlp['down_DxF_q8scale'].shape == (cfg.embed_dim, cfg.hidden_dim // 16)  # Q6_K's 16
   head_only = q8_weights.with_q8_weights(params, ('embedding_VxD',))
   assert head_only['layer_0'] == params['layer_0'] and q8_weights.HEAD_FORM in head_only
   plain = gemma.init_params(cfg, jax.random.key(0))  # random float32: nothing splits
   assert q8_weights.with_q8_weights(plain) is plain
   specs = sharding.param_specs(with_q8, cfg, 2)
   assert specs['layer_0']['attn']['q_NHxD_q8scale'] == specs['layer_0']['attn']['q_NHxD']
+  assert specs['layer_0']['attn']['o_DxNH_q8offset'] == specs['layer_0']['attn']['o_DxNH']
+  # o's rows are 2 blocks of 32: not whole blocks on 4 shards, so it is left float32 there,
+  # and a form that does not divide is named, not sent to the devices.
+  four = q8_weights.with_q8_weights(params, model_shards=4)
+  assert 'o_DxNH_q8' not in four['layer_0']['attn'] and 'down_DxF_q8' in four['layer_0']['mlp']
+  with pytest.raises(ValueError, match=r"o_DxNH_q8(scale|offset).*2 blocks a row.*model axis size 4"):
+    sharding.param_specs(with_q8, cfg, 4)
 
 
 @pytest.mark.parametrize('length', [1, 2, 5, 9, 16, 20, 21])
@@ -111,9 +133,12 @@ def test_the_model_gives_the_same_logits_and_cache_from_the_int8_forms(length):
   positions = jnp.arange(length)[None]
   run = jax.jit(lambda p: model.forward(p, tokens, positions, model.init_cache(1, 32)))
   plain, quant = run(params), run(with_q8)
-  calls = run.lower(with_q8).as_text().count(f'@{q8_matmul.TARGET}(')
-  # the head and 5 matrices in each of 4 layers, or none past MAX_ROWS
-  assert calls == (1 + 5 * cfg.num_layers if length <= q8_matmul.MAX_ROWS else 0), calls
+  program = run.lower(with_q8).as_text()
+  calls = [program.count(f'@{t}(') for t in (q8_matmul.TARGET, q8_matmul.OFFSET_TARGET)]
+  # the head and 6 matrices in each of 4 layers, and o's Q4_K-like blocks in each layer, or
+  # none past MAX_ROWS
+  within = length <= q8_matmul.MAX_ROWS
+  assert calls == [1 + 6 * cfg.num_layers if within else 0, cfg.num_layers if within else 0]
   if 2 <= length <= skinny_matmul.MAX_ROWS:
     assert np.array_equal(np.asarray(plain.logits_BxRxV), np.asarray(quant.logits_BxRxV))
     for a, b in zip(jax.tree.leaves(plain.cache), jax.tree.leaves(quant.cache)):

@@ -42,14 +42,17 @@ def test_sharded_autoregressive_greedy_matches_one_device(sharded_results):
   assert one == many
 
 
-def test_sharded_forward_from_int8_forms_matches_one_device(sharded_results):
-  max_diff, kernel_in_program = sharded_results['forward_q8']
-  assert kernel_in_program  # each device's rows of each matrix, from their int8 blocks
+@pytest.mark.parametrize('model_size', [2, 4])
+def test_sharded_forward_from_int8_forms_matches_one_device(sharded_results, model_size):
+  max_diff, kernel_in_program, offsets_where_they_divide = sharded_results[
+      f'forward_q8_model{model_size}']
+  assert kernel_in_program  # each device's part of each matrix, from its int8 blocks
+  assert offsets_where_they_divide  # o's Q4_K-like blocks on 2 shards, not on 4
   assert max_diff < 1e-4
 
 
 @pytest.mark.parametrize('drafter', ['ngram', 'early_exit', 'draft_model', 'ngram_tree',
-                                     'ngram_q8'])
+                                     'ngram_q8_model2', 'ngram_q8_model4'])
 def test_sharded_speculative_greedy_matches_one_device(sharded_results, drafter):
   one, many, autoregressive = sharded_results[drafter]
   assert many == one

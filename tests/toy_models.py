@@ -28,8 +28,11 @@ from specjax.models.language_model import LanguageModel
 
 
 def gguf_exact(matrix, kind: str = 'Q8_0') -> np.ndarray:
-  """`matrix` rounded to GGUF's `kind` the way llama.cpp's quantizer does, then dequantized
-  by gguf: float32 weights that `models/q8_weights` splits back exactly (Q8_0, Q5_0)."""
+  """`matrix` rounded to GGUF's `kind` and dequantized as gguf does: float32 weights that
+  `models/q8_weights` splits back exactly. Q8_0, Q5_0 and Q4_0 by gguf's own quantizer;
+  Q4_K and Q6_K, which gguf-py cannot quantize to, by `k_quant_exact`."""
+  if kind in ('Q4_K', 'Q6_K'):
+    return k_quant_exact(matrix, kind)
   import gguf  # pylint: disable=g-import-not-at-top
   matrix = np.asarray(matrix, np.float32)
   qtype = gguf.GGMLQuantizationType[kind]
@@ -37,11 +40,50 @@ def gguf_exact(matrix, kind: str = 'Q8_0') -> np.ndarray:
   return np.asarray(gguf.quants.dequantize(blocks, qtype), np.float32).reshape(matrix.shape)
 
 
+def k_quant_exact(matrix, kind: str) -> np.ndarray:
+  """`matrix` rounded to the weights of GGUF's Q4_K or Q6_K, with their arithmetic as
+  `gguf.quants` dequantizes them (a simpler choice of scales than llama.cpp's search):
+
+    Q6_K  per 16 weights w = (d * sc) * q, d a float16 per super-block, sc an int8,
+          q in [-32, 31];
+    Q4_K  per 32 weights w = (d * sc) * q - (dmin * m), d and dmin float16 per
+          super-block, sc and m in [0, 63], q in [0, 15].
+
+  A super-block is 256 weights, or the row where that is shorter."""
+  w = np.asarray(matrix, np.float32)
+  rows, width = w.shape
+  block = 16 if kind == 'Q6_K' else 32
+  per_super = min(256, width) // block
+  if width % (per_super * block):
+    raise ValueError(f'{kind}: a row of {width} is not whole super-blocks')
+  w_SxBxK = w.reshape(-1, per_super, block).astype(np.float64)
+  f16 = lambda x: x.astype(np.float16).astype(np.float32)  # noqa: E731
+
+  def small_ints(values_SxB, largest):
+    d = f16(values_SxB.max(axis=1, keepdims=True) / largest)
+    ints = np.clip(np.rint(values_SxB / np.where(d == 0, 1, d)), -largest, largest)
+    return d, ints.astype(np.float32)
+
+  if kind == 'Q6_K':
+    d, sc = small_ints(np.abs(w_SxBxK).max(axis=2) / 32, 127)
+    a = (d * sc)[..., None]
+    q = np.clip(np.rint(w_SxBxK / np.where(a == 0, 1, a)), -32, 31).astype(np.float32)
+    out = a * q
+  else:
+    least = np.maximum(0, -w_SxBxK.min(axis=2))
+    d, sc = small_ints((w_SxBxK.max(axis=2) + least) / 15, 63)
+    dmin, m = small_ints(least, 63)
+    a, b = (d * sc)[..., None], (dmin * m)[..., None]
+    q = np.clip(np.rint((w_SxBxK + b) / np.where(a == 0, 1, a)), 0, 15).astype(np.float32)
+    out = (a * q) - b
+  return np.asarray(out, np.float32).reshape(rows, width)
+
+
 def gguf_like_params(params):
   """A Gemma param tree with the embedded 270M's formats: the head Q8_0, the q, k, gate and up
-  projections Q5_0, v Q8_0, the rest (o, down: Q4_K and Q6_K there) left float32."""
+  projections Q5_0, v Q8_0, o Q4_K and down Q6_K (the 270M: half Q6_K, half Q4_K)."""
   kinds = {'embedding_VxD': 'Q8_0', 'q_NHxD': 'Q5_0', 'k_KHxD': 'Q5_0', 'v_KHxD': 'Q8_0',
-           'gate_FxD': 'Q5_0', 'up_FxD': 'Q5_0'}
+           'o_DxNH': 'Q4_K', 'gate_FxD': 'Q5_0', 'up_FxD': 'Q5_0', 'down_DxF': 'Q6_K'}
 
   def convert(tree):
     return {k: convert(v) if isinstance(v, dict) else

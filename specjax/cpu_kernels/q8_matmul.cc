@@ -1,6 +1,9 @@
-// y[N, O] = x[N, I] @ w[O, I]^T in float32, where w is held as GGUF's Q8_0:
-// int8 q[O, I] and one float32 scale per 32 weights, scale[O, I / 32], and
-// w[o, i] = q[o, i] * scale[o, i / 32]. An XLA:CPU FFI call.
+// y[N, O] = x[N, I] @ w[O, I]^T in float32, where w is held as int8 blocks:
+// int8 q[O, I], one float32 scale per block of B weights, scale[O, I / B], and
+// w[o, i] = q[o, i] * scale[o, i / B], or, given an offset[O, I / B] too,
+// w[o, i] = q[o, i] * scale[o, i / B] - offset[o, i / B]. B is 32 or 16 (the
+// 270M's GGUF: 32 for Q8_0, Q5_0 and Q4_K, 16 for Q6_K; Q4_K's weights carry
+// the offset). Two XLA:CPU FFI calls, without and with offset.
 //
 // Why: the 270M's tied head (262,144 x 640) is stored Q8_0 in its GGUF and is
 // 63% of the weights a decode step reads. As float32 it is 671 MB a step; as
@@ -10,7 +13,11 @@
 // Exactness: Q8_0's scale is a float16 and q an int8, so their product has at
 // most 19 significant bits and float32 holds it exactly: the weight rebuilt
 // here is bit for bit the weight `gguf.quants.dequantize` gives, and this is
-// the same model, not a rounded one. Every output element is accumulated as in
+// the same model, not a rounded one. The same holds of Q6_K's (a float16 times
+// an int8 sub-scale, times a 6-bit q: at most 24 bits), and Q4_K's q * scale
+// is exact too (at most 21 bits), so one fused q * scale - offset rounds once,
+// where gguf's (q * scale) - offset rounds once, at the subtraction: the same
+// bits (models/q8_weights.py keeps a split only where q * scale is exact). Every output element is accumulated as in
 // skinny_matmul.cc (8 float lanes in the order of i, then summed pairwise in a
 // fixed order), so y equals skinny_matmul's product with the dequantized
 // matrix bit for bit, and row n of y is the same whatever N, the row block or
@@ -42,37 +49,63 @@ using specjax::load8;
 using specjax::madd;
 using specjax::sum_lanes;
 
-constexpr int64_t kBlock = 32;  // Q8_0's weights per scale
+// A matrix as int8 blocks (see the top of the file).
+struct Blocks {
+  const int8_t* q;       // [O, I]
+  const float* scale;    // [O, I / B]
+  const float* offset;   // [O, I / B], or null
+  int64_t per_row;       // I / B
+};
 
-// Weights [i, i + 8) of a Q8_0 row, as float32: q * scale, exact. On x86 one
-// sign-extending load and one conversion (GCC's generic vector conversion
-// compiles to eight scalar ones there, 2.4x slower at one row).
-inline f32x8 dequant8(const int8_t* q_i, float scale) {
+// The block sizes built: log2(B) for B = 16 and 32. A block size is a template
+// argument, not a variable: with the loop over a block's weights of unknown
+// length the head at one row took twice as long (10.4 against 4.8 ms).
+constexpr int kShifts[] = {4, 5};
+
+// Weights [i, i + 8) of a row, as float32: q * scale, or q * scale - offset in
+// one rounding, exact (see above). On x86 one sign-extending load and one
+// conversion (GCC's generic vector conversion compiles to eight scalar ones
+// there, 2.4x slower at one row).
+template <bool kOffset>
+inline f32x8 dequant8(const int8_t* q_i, float scale, float offset) {
 #if defined(__AVX2__)
   const __m256 q = _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q_i))));
-  return reinterpret_cast<f32x8>(_mm256_mul_ps(q, _mm256_set1_ps(scale)));
+  if constexpr (!kOffset) {
+    return reinterpret_cast<f32x8>(_mm256_mul_ps(q, _mm256_set1_ps(scale)));
+  }
+#if defined(__FMA__)
+  return reinterpret_cast<f32x8>(
+      _mm256_fmsub_ps(q, _mm256_set1_ps(scale), _mm256_set1_ps(offset)));
+#else
+  return reinterpret_cast<f32x8>(
+      _mm256_sub_ps(_mm256_mul_ps(q, _mm256_set1_ps(scale)), _mm256_set1_ps(offset)));
+#endif
 #else
   typedef int8_t i8x8 __attribute__((vector_size(8)));
   i8x8 q;
   __builtin_memcpy(&q, q_i, sizeof(q));
+  if constexpr (kOffset) return __builtin_convertvector(q, f32x8) * scale - offset;
   return __builtin_convertvector(q, f32x8) * scale;
 #endif
 }
 
 // How far ahead the reads of q are requested, in bytes (as skinny_matmul's 64
-// KiB of float32 weights), and of the scales, a quarter of that.
+// KiB of float32 weights), and of the scales (and offsets), a quarter of that.
 constexpr int64_t kPrefetchBytes = 16384;
 
 // The first pass over a panel prefetches (into L2, locality 2: see
 // skinny_matmul.cc's Staging for why not the non-temporal hint on Intel), once
 // per 64-byte line of q and of the scales; later groups read the panel from
-// cache.
-template <bool kPrefetch>
-inline void prefetch_ahead(const int8_t* q_i, const float* scale_i, int64_t i) {
+// cache. `i` is the offset in the row, `s_i` that of its block's scale.
+template <bool kPrefetch, int kShift, bool kOffset>
+inline void prefetch_ahead(const Blocks& w, const int8_t* q_i, int64_t s_i, int64_t i) {
   if constexpr (kPrefetch) {
     if (i % 64 == 0) __builtin_prefetch(q_i + kPrefetchBytes, 0, 2);
-    if (i % (16 * kBlock) == 0) __builtin_prefetch(scale_i + kPrefetchBytes / 4, 0, 2);
+    if (i % (16 << kShift) == 0) {
+      __builtin_prefetch(w.scale + s_i + kPrefetchBytes / 4, 0, 2);
+      if constexpr (kOffset) __builtin_prefetch(w.offset + s_i + kPrefetchBytes / 4, 0, 2);
+    }
   }
 }
 
@@ -84,22 +117,27 @@ constexpr int64_t kRowsPerPanel = 48;
 // verify call over 8 drafts) in one group, not 8 and 1.
 constexpr int kMaxGroup = 12;
 
+// Weights [i, i + 8) of row o, rebuilt; prefetches ahead on the first pass.
+template <bool kPrefetch, int kShift, bool kOffset>
+inline f32x8 row_weights(const Blocks& w, int64_t I, int64_t o, int64_t i) {
+  const int8_t* q_oi = w.q + o * I + i;
+  const int64_t s_oi = o * w.per_row + (i >> kShift);
+  prefetch_ahead<kPrefetch, kShift, kOffset>(w, q_oi, s_oi, i);
+  return dequant8<kOffset>(q_oi, w.scale[s_oi], kOffset ? w.offset[s_oi] : 0.0f);
+}
+
 // Rows [o0, o1) of y for G rows of x, R rows of w at a time (G * R accumulators
 // in registers, beside the rebuilt weights).
-template <int G, int R, bool kPrefetch>
-void group_rows(const float* x, const int8_t* q, const float* scale, float* y, int64_t O,
-                int64_t I, int64_t o0, int64_t o1) {
-  const int64_t blocks = I / kBlock;
+template <int G, int R, bool kPrefetch, int kShift, bool kOffset>
+void group_rows(const float* x, const Blocks& w, float* y, int64_t O, int64_t I, int64_t o0,
+                int64_t o1) {
   int64_t o = o0;
   for (; o + R <= o1; o += R) {
     f32x8 acc[R][G] = {};
     for (int64_t i = 0; i < I; i += kLanes) {
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const int8_t* q_ri = q + (o + r) * I + i;
-        const float* scale_ri = scale + (o + r) * blocks + i / kBlock;
-        prefetch_ahead<kPrefetch>(q_ri, scale_ri, i);
-        const f32x8 wv = dequant8(q_ri, *scale_ri);
+        const f32x8 wv = row_weights<kPrefetch, kShift, kOffset>(w, I, o + r, i);
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) acc[r][g] = madd(acc[r][g], wv, load8(x + g * I + i));
       }
@@ -110,10 +148,7 @@ void group_rows(const float* x, const int8_t* q, const float* scale, float* y, i
   for (; o < o1; ++o) {  // the rows left over: the same sums, one w row at a time
     f32x8 acc[G] = {};
     for (int64_t i = 0; i < I; i += kLanes) {
-      const int8_t* q_oi = q + o * I + i;
-      const float* scale_oi = scale + o * blocks + i / kBlock;
-      prefetch_ahead<kPrefetch>(q_oi, scale_oi, i);
-      const f32x8 wv = dequant8(q_oi, *scale_oi);
+      const f32x8 wv = row_weights<kPrefetch, kShift, kOffset>(w, I, o, i);
 #pragma GCC unroll 16
       for (int g = 0; g < G; ++g) acc[g] = madd(acc[g], wv, load8(x + g * I + i));
     }
@@ -121,8 +156,7 @@ void group_rows(const float* x, const int8_t* q, const float* scale, float* y, i
   }
 }
 
-using GroupFn = void (*)(const float*, const int8_t*, const float*, float*, int64_t, int64_t,
-                         int64_t, int64_t);
+using GroupFn = void (*)(const float*, const Blocks&, float*, int64_t, int64_t, int64_t, int64_t);
 
 // Row blocks R for G rows of x: G * R accumulators, one rebuilt weight vector
 // and its scale fit the vector registers (32 with AVX-512VL, else 16).
@@ -152,12 +186,14 @@ inline __m512 pair_scales(float a, float b) {  // [a x 8, b x 8]
 }
 
 // Weights [i, i + 8) of rows a and b, as float32, exact.
-inline __m512 dequant_pair(const int8_t* q_a, const int8_t* q_b, __m512 scales) {
+template <bool kOffset>
+inline __m512 dequant_pair(const int8_t* q_a, const int8_t* q_b, __m512 scales, __m512 offsets) {
   int64_t lo, hi;
   __builtin_memcpy(&lo, q_a, sizeof(lo));
   __builtin_memcpy(&hi, q_b, sizeof(hi));
-  const __m512i q = _mm512_cvtepi8_epi32(_mm_set_epi64x(hi, lo));
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(q), scales);
+  const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_set_epi64x(hi, lo)));
+  if constexpr (kOffset) return _mm512_fmsub_ps(q, scales, offsets);
+  return _mm512_mul_ps(q, scales);
 }
 
 inline f32x8 half(__m512 v, int h) {
@@ -168,33 +204,35 @@ inline f32x8 half(__m512 v, int h) {
 
 // Rows [o0, o1) of y for G rows of x, P pairs of rows of w at a time; rows
 // left over take the 8-lane path.
-template <int G, int P, bool kPrefetch>
-void pair_rows(const float* x, const int8_t* q, const float* scale, float* y, int64_t O,
-               int64_t I, int64_t o0, int64_t o1) {
-  const int64_t blocks = I / kBlock;
+template <int G, int P, bool kPrefetch, int kShift, bool kOffset>
+void pair_rows(const float* x, const Blocks& w, float* y, int64_t O, int64_t I, int64_t o0,
+               int64_t o1) {
+  constexpr int64_t block = int64_t{1} << kShift;
+  const int64_t blocks = w.per_row;
   int64_t o = o0;
   for (; o + 2 * P <= o1; o += 2 * P) {
     __m512 acc[P][G];
     for (int p = 0; p < P; ++p)
       for (int g = 0; g < G; ++g) acc[p][g] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
-      __m512 scales[P];
+      __m512 scales[P], offsets[P];
       for (int p = 0; p < P; ++p) {
-        const float* s = scale + (o + 2 * p) * blocks + b;
-        scales[p] = pair_scales(s[0], s[blocks]);
+        const int64_t s = (o + 2 * p) * blocks + b;
+        scales[p] = pair_scales(w.scale[s], w.scale[s + blocks]);
+        offsets[p] = kOffset ? pair_scales(w.offset[s], w.offset[s + blocks]) : scales[p];
       }
 #pragma GCC unroll 4
-      for (int64_t i = b * kBlock; i < (b + 1) * kBlock; i += kLanes) {
+      for (int64_t i = b * block; i < (b + 1) * block; i += kLanes) {
         __m512 xv[G];
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) xv[g] = repeat8(x + g * I + i);
 #pragma GCC unroll 16
         for (int p = 0; p < P; ++p) {
-          const int8_t* q_a = q + (o + 2 * p) * I + i;
-          const float* s_a = scale + (o + 2 * p) * blocks + b;
-          prefetch_ahead<kPrefetch>(q_a, s_a, i);
-          prefetch_ahead<kPrefetch>(q_a + I, s_a + blocks, i);
-          const __m512 wv = dequant_pair(q_a, q_a + I, scales[p]);
+          const int8_t* q_a = w.q + (o + 2 * p) * I + i;
+          const int64_t s_a = (o + 2 * p) * blocks + b;
+          prefetch_ahead<kPrefetch, kShift, kOffset>(w, q_a, s_a, i);
+          prefetch_ahead<kPrefetch, kShift, kOffset>(w, q_a + I, s_a + blocks, i);
+          const __m512 wv = dequant_pair<kOffset>(q_a, q_a + I, scales[p], offsets[p]);
 #pragma GCC unroll 16
           for (int g = 0; g < G; ++g) acc[p][g] = _mm512_fmadd_ps(wv, xv[g], acc[p][g]);
         }
@@ -204,33 +242,36 @@ void pair_rows(const float* x, const int8_t* q, const float* scale, float* y, in
       for (int g = 0; g < G; ++g)
         for (int h = 0; h < 2; ++h) y[g * O + o + 2 * p + h] = sum_lanes(half(acc[p][g], h));
   }
-  if (o < o1) group_rows<G, 1, kPrefetch>(x, q, scale, y, O, I, o, o1);
+  if (o < o1) group_rows<G, 1, kPrefetch, kShift, kOffset>(x, w, y, O, I, o, o1);
 }
 
 // Pairs of w rows for G rows of x: P * G accumulators, G repeated rows of x,
-// P scale vectors and a rebuilt pair fit the 32 registers.
+// P scale vectors (and P offset vectors) and a rebuilt pair fit the 32 registers.
 constexpr int kPairs[kMaxGroup + 1] = {0, 8, 6, 5, 4, 3, 3, 2, 2, 2, 1, 1, 1};
 #endif
 
-template <bool kPrefetch, int... G>
+template <bool kPrefetch, int kShift, bool kOffset, int... G>
 constexpr std::array<GroupFn, sizeof...(G)> group_fns(std::integer_sequence<int, G...>) {
 #if defined(__AVX512F__)
-  return {pair_rows<G + 1, kPairs[G + 1], kPrefetch>...};
+  return {pair_rows<G + 1, kPairs[G + 1], kPrefetch, kShift, kOffset>...};
 #else
-  return {group_rows<G + 1, kBlockRows[G + 1], kPrefetch>...};
+  return {group_rows<G + 1, kBlockRows[G + 1], kPrefetch, kShift, kOffset>...};
 #endif
 }
 
-// group_fn<kPrefetch>(g): the function for a group of g rows, 1 <= g <= kMaxGroup.
-template <bool kPrefetch>
+// group_fn<kPrefetch, kShift, kOffset>(g): the function for a group of g rows,
+// 1 <= g <= kMaxGroup.
+template <bool kPrefetch, int kShift, bool kOffset>
 GroupFn group_fn(int g) {
-  static constexpr auto fns = group_fns<kPrefetch>(std::make_integer_sequence<int, kMaxGroup>());
+  static constexpr auto fns =
+      group_fns<kPrefetch, kShift, kOffset>(std::make_integer_sequence<int, kMaxGroup>());
   return fns[g - 1];
 }
 
 // Rows [o0, o1) of y for all N rows of x, one panel of w at a time.
-void panel_rows(const float* x, const int8_t* q, const float* scale, float* y, int64_t N,
-                int64_t O, int64_t I, int64_t o0, int64_t o1) {
+template <int kShift, bool kOffset>
+void panel_rows(const float* x, const Blocks& w, float* y, int64_t N, int64_t O, int64_t I,
+                int64_t o0, int64_t o1) {
   // As few groups as kMaxGroup allows, of even sizes (20 rows: 10 and 10, not 16 and 4).
   const int64_t groups = (N + kMaxGroup - 1) / kMaxGroup;
   const int64_t group = (N + groups - 1) / groups;
@@ -238,32 +279,73 @@ void panel_rows(const float* x, const int8_t* q, const float* scale, float* y, i
     const int64_t p1 = std::min(o1, p0 + kRowsPerPanel);
     for (int64_t n0 = 0; n0 < N; n0 += group) {
       const int g = static_cast<int>(std::min<int64_t>(group, N - n0));
-      GroupFn fn = n0 == 0 ? group_fn<true>(g) : group_fn<false>(g);
-      fn(x + n0 * I, q, scale, y + n0 * O, O, I, p0, p1);
+      GroupFn fn = n0 == 0 ? group_fn<true, kShift, kOffset>(g) : group_fn<false, kShift, kOffset>(g);
+      fn(x + n0 * I, w, y + n0 * O, O, I, p0, p1);
     }
   }
 }
 
-ffi::Error Q8Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI, ffi::Buffer<ffi::S8> q_OxI,
-                    ffi::Buffer<ffi::F32> scale_OxB, ffi::ResultBuffer<ffi::F32> y_NxO) {
+// log2(B) for the block size B of scale[O, I / B] and q[O, I], or 0 where the shapes do
+// not fit or B is not built (kShifts).
+int block_shift(ffi::Span<const int64_t> qd, ffi::Span<const int64_t> sd) {
+  if (qd.size() != 2 || sd.size() != 2 || sd[0] != qd[0] || sd[1] == 0 || qd[1] % sd[1] != 0)
+    return 0;
+  const int64_t block = qd[1] / sd[1];
+  for (int shift : kShifts)
+    if (block == int64_t{1} << shift) return shift;
+  return 0;
+}
+
+template <bool kOffset>
+void panel_rows_of(int shift, const float* x, const Blocks& w, float* y, int64_t N, int64_t O,
+                   int64_t I, int64_t o0, int64_t o1) {
+  if (shift == 4) {
+    panel_rows<4, kOffset>(x, w, y, N, O, I, o0, o1);
+  } else {
+    panel_rows<5, kOffset>(x, w, y, N, O, I, o0, o1);
+  }
+}
+
+ffi::Error Run(ffi::ThreadPool pool, const ffi::Buffer<ffi::F32>& x_NxI,
+               const ffi::Buffer<ffi::S8>& q_OxI, const ffi::Buffer<ffi::F32>& scale_OxB,
+               const ffi::Buffer<ffi::F32>* offset_OxB, ffi::ResultBuffer<ffi::F32>& y_NxO) {
   const auto xd = x_NxI.dimensions();
   const auto qd = q_OxI.dimensions();
-  const auto sd = scale_OxB.dimensions();
-  if (xd.size() != 2 || qd.size() != 2 || sd.size() != 2 || xd[1] != qd[1] ||
-      qd[1] % kBlock != 0 || sd[0] != qd[0] || sd[1] != qd[1] / kBlock) {
+  const int shift = block_shift(qd, scale_OxB.dimensions());
+  if (xd.size() != 2 || qd.size() != 2 || xd[1] != qd[1] || shift == 0 ||
+      (offset_OxB != nullptr && !std::equal(offset_OxB->dimensions().begin(),
+                                            offset_OxB->dimensions().end(),
+                                            scale_OxB.dimensions().begin(),
+                                            scale_OxB.dimensions().end()))) {
     return ffi::Error::InvalidArgument(
-        "q8_matmul: expected x[N, I], q[O, I] and scale[O, I / 32], I a multiple of 32");
+        "q8_matmul: expected x[N, I], q[O, I], scale[O, I / B] (and offset like scale), "
+        "B 16 or 32");
   }
   const int64_t N = xd[0], I = xd[1], O = qd[0];
   if (N == 0 || O == 0) return ffi::Error::Success();
   const float* x = x_NxI.typed_data();
-  const int8_t* q = q_OxI.typed_data();
-  const float* scale = scale_OxB.typed_data();
+  const Blocks w{q_OxI.typed_data(), scale_OxB.typed_data(),
+                 offset_OxB ? offset_OxB->typed_data() : nullptr, I >> shift};
   float* y = y_NxO->typed_data();
   specjax::run_row_chunks(pool, O, kRowsPerPanel, [=](int64_t o0, int64_t o1) {
-    panel_rows(x, q, scale, y, N, O, I, o0, o1);
+    if (w.offset) {
+      panel_rows_of<true>(shift, x, w, y, N, O, I, o0, o1);
+    } else {
+      panel_rows_of<false>(shift, x, w, y, N, O, I, o0, o1);
+    }
   });
   return ffi::Error::Success();
+}
+
+ffi::Error Q8Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI, ffi::Buffer<ffi::S8> q_OxI,
+                    ffi::Buffer<ffi::F32> scale_OxB, ffi::ResultBuffer<ffi::F32> y_NxO) {
+  return Run(pool, x_NxI, q_OxI, scale_OxB, nullptr, y_NxO);
+}
+
+ffi::Error Q8OffsetMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
+                          ffi::Buffer<ffi::S8> q_OxI, ffi::Buffer<ffi::F32> scale_OxB,
+                          ffi::Buffer<ffi::F32> offset_OxB, ffi::ResultBuffer<ffi::F32> y_NxO) {
+  return Run(pool, x_NxI, q_OxI, scale_OxB, &offset_OxB, y_NxO);
 }
 
 }  // namespace
@@ -273,5 +355,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_matmul_f32, Q8Matmul,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_offset_matmul_f32, Q8OffsetMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

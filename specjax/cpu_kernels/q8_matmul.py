@@ -1,4 +1,4 @@
-"""x @ w.T in float32 where w is held as GGUF Q8_0 blocks (int8 values, one scale per 32), on CPU.
+"""x @ w.T in float32 where w is held as int8 blocks (GGUF's Q8_0, Q5_0, Q4_K, Q6_K), on CPU.
 
 The embedded Gemma 3 270M's tied head, 262,144 x 640, is stored Q8_0 in its
 GGUF: 189 MB as int8 values and float32 scales against 671 MB dequantized, and
@@ -8,12 +8,14 @@ times an int8) is exact in float32, so the product is the dequantized model's,
 and it equals `skinny_matmul` over the dequantized matrix bit for bit (the same
 sums in the same order): row n of y is the same whatever the number of rows.
 
-A matrix's int8 form is the pair (int8 q[O, I], float32 scale[O, I / 32]),
-made by `models/q8_weights.split`; `dequantize` gives back the float32 matrix.
-`applies` says
-whether a product can take the kernel: the CPU backend, float32 x, 1 to
-MAX_ROWS rows and the kernel built (see build.py). Elsewhere callers use the
-dequantized table. No gradient: the target is frozen.
+A matrix's int8 form is int8 q[O, I] and float32 scale[O, I / B], one scale
+per block of B weights (B is BLOCK_SIZES: 32 for Q8_0, Q5_0 and Q4_K, 16 for
+Q6_K), and for Q4_K's weights an offset[O, I / B] too: w = q * scale,
+or q * scale - offset. `models/q8_weights.split` makes it; `dequantize` gives
+back the float32 matrix. `applies` says whether a product can take the
+kernel: the CPU backend, float32 x, 1 to MAX_ROWS rows and the kernel built
+(see build.py). Elsewhere callers use the dequantized table. No gradient: the
+target is frozen.
 
 Measured on a 2-core Sapphire Rapids-class Xeon (5 December 2026, random
 Q8_0 values of the head's shape, best of 7; /tmp script, the figures as
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.cpu_kernels import build
 
@@ -37,13 +40,14 @@ Array = jax.Array
 
 KERNEL = 'q8_matmul'
 TARGET = 'specjax_q8_matmul_f32'
-BLOCK = 32  # Q8_0's weights per scale
+OFFSET_TARGET = 'specjax_q8_offset_matmul_f32'  # w = q * scale - offset
 MAX_ROWS = 20
+BLOCK_SIZES = (16, 32)  # weights per scale, each a build of the kernel's loops
 
 
 def available() -> bool:
   """Whether the kernel is built and registered (builds it on the first call)."""
-  return build.load(KERNEL, (TARGET,))
+  return build.load(KERNEL, (TARGET, OFFSET_TARGET))
 
 
 def applies(num_rows: int, x: Array) -> bool:
@@ -51,23 +55,41 @@ def applies(num_rows: int, x: Array) -> bool:
           and x.dtype == jnp.float32 and available())
 
 
-def dequantize(q_OxI: Array, scale_OxB: Array) -> Array:
-  """The float32 matrix, q * scale: exact (Q8_0 weights fit float32)."""
+def block_size(q_OxI: Array, scale_OxB: Array) -> int | None:
+  """B, the weights per scale, or None where the shapes are not a form's."""
+  if np.ndim(q_OxI) != 2 or np.ndim(scale_OxB) != 2 or q_OxI.shape[0] != scale_OxB.shape[0]:
+    return None
+  (_, i), (_, blocks) = q_OxI.shape, scale_OxB.shape
+  if not blocks or i % blocks:
+    return None
+  b = i // blocks
+  return b if b in BLOCK_SIZES else None
+
+
+def dequantize(q_OxI: Array, scale_OxB: Array, offset_OxB: Array | None = None) -> Array:
+  """The float32 matrix, q * scale (- offset): exact (the forms' products fit float32)."""
   o, i = q_OxI.shape
-  w = q_OxI.reshape(o, i // BLOCK, BLOCK).astype(jnp.float32) * scale_OxB[:, :, None]
+  b = i // scale_OxB.shape[1]
+  w = q_OxI.reshape(o, i // b, b).astype(jnp.float32) * scale_OxB[:, :, None]
+  if offset_OxB is not None:
+    w = w - offset_OxB[:, :, None]
   return w.reshape(o, i)
 
 
-def q8_matmul(x_NxI: Array, q_OxI: Array, scale_OxB: Array) -> Array:
-  """y[N, O] = x @ (q * scale).T by the kernel; call only where `applies` holds."""
+def q8_matmul(x_NxI: Array, q_OxI: Array, scale_OxB: Array,
+              offset_OxB: Array | None = None) -> Array:
+  """y[N, O] = x @ (q * scale - offset).T by the kernel; call only where `applies` holds."""
   if not available():
     raise build.KernelBuildError(f'the {KERNEL} CPU kernel is not built: see the log for why')
-  (n, i), (o, qi) = x_NxI.shape, q_OxI.shape
-  if qi != i or i % BLOCK or scale_OxB.shape != (o, i // BLOCK) or x_NxI.dtype != jnp.float32 \
-      or q_OxI.dtype != jnp.int8 or scale_OxB.dtype != jnp.float32:
-    raise ValueError(f'q8_matmul: expected float32 x[N, I], int8 q[O, I] and float32 '
-                     f'scale[O, I / {BLOCK}] with I a multiple of {BLOCK}; got x {x_NxI.dtype}'
-                     f'{list(x_NxI.shape)}, q {q_OxI.dtype}{list(q_OxI.shape)}, scale '
-                     f'{scale_OxB.dtype}{list(scale_OxB.shape)}')
-  out = jax.ShapeDtypeStruct((n, o), jnp.float32)
-  return jax.ffi.ffi_call(TARGET, out, vmap_method='sequential')(x_NxI, q_OxI, scale_OxB)
+  operands = [x_NxI, q_OxI, scale_OxB] + ([] if offset_OxB is None else [offset_OxB])
+  if (np.ndim(x_NxI) != 2 or block_size(q_OxI, scale_OxB) is None
+      or x_NxI.shape[1] != q_OxI.shape[1] or x_NxI.dtype != jnp.float32
+      or q_OxI.dtype != jnp.int8 or scale_OxB.dtype != jnp.float32
+      or (offset_OxB is not None and (offset_OxB.shape != scale_OxB.shape
+                                      or offset_OxB.dtype != jnp.float32))):
+    raise ValueError('q8_matmul: expected float32 x[N, I], int8 q[O, I], float32 scale[O, I / B] '
+                     f'(and an offset like scale), B in {BLOCK_SIZES}; got '
+                     + ', '.join(f'{a.dtype}{list(a.shape)}' for a in operands))
+  out = jax.ShapeDtypeStruct((x_NxI.shape[0], q_OxI.shape[0]), jnp.float32)
+  target = TARGET if offset_OxB is None else OFFSET_TARGET
+  return jax.ffi.ffi_call(target, out, vmap_method='sequential')(*operands)

@@ -121,7 +121,9 @@ def load_trained_drafter(config: ExperimentConfig, target: language_model.Langua
 
 
 def _place(model_config, params, mesh):
-  params = q8_weights.with_q8_weights(params)  # int8 blocks read where a matrix is exactly that
+  # int8 blocks read where a matrix is exactly that
+  params = q8_weights.with_q8_weights(
+      params, model_shards=1 if mesh is None else mesh.shape['model'])
   if mesh is None:  # One shared instance per config, so jit caches hit across runs.
     return language_model.single_device(model_config), params
   model = language_model.LanguageModel(model_config, mesh)

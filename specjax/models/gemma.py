@@ -26,9 +26,10 @@ float32 on CPU, the attention of up to 16 new tokens per row (decode and
 verify calls, not a prefill) is specjax's kernel too (`cpu_kernels/attention`):
 it reads only the cache slots some query may see, on every thread. Where the
 params carry a matrix's int8 form (`q8_weights`: the embedded 270M's GGUF
-stores its head as Q8_0 and its q, k, gate and up projections as Q5_0, both
-exact in int8 blocks), its products of 1 to 20 rows read that
-(`cpu_kernels/q8_matmul`): a quarter of the bytes for the same weights. Norm
+stores its head as Q8_0, its q, k, gate and up projections as Q5_0 and its o
+and down projections as Q4_K and Q6_K, all exact in int8 blocks), its
+products of 1 to 20 rows read that (`cpu_kernels/q8_matmul`): about a quarter
+of the bytes for the same weights. Norm
 `scale`s hold the full multiplier (Gemma's 1 + w), as GGUF files do.
 
 Sharding: called with `model_axis` inside `shard_map`, every parameter is the
@@ -82,17 +83,19 @@ jax.tree_util.register_dataclass(
     meta_fields=[])
 
 
-def q8_form(module: nn.Module, name: str) -> tuple[Array, Array] | None:
-  """The (int8 q, float32 scale) form of `module`'s parameter `name`, where the params carry
-  one (`q8_weights.with_q8_weights`), else None."""
+def q8_form(module: nn.Module, name: str) -> tuple[Array, ...] | None:
+  """The (int8 q, float32 scale[, float32 offset]) form of `module`'s parameter `name`, where
+  the params carry one (`q8_weights.with_q8_weights`), else None."""
   if not module.has_variable('params', name + q8_weights.Q8_SUFFIX):
     return None
-  return (module.get_variable('params', name + q8_weights.Q8_SUFFIX),
-          module.get_variable('params', name + q8_weights.SCALE_SUFFIX))
+  suffixes = q8_weights.FORM_SUFFIXES
+  if not module.has_variable('params', name + q8_weights.OFFSET_SUFFIX):
+    suffixes = suffixes[:2]
+  return tuple(module.get_variable('params', name + s) for s in suffixes)
 
 
 def linear(x_BxTxI: Array, w_OxI: Array, out_dtype: Any = None,
-           q8: tuple[Array, Array] | None = None) -> Array:
+           q8: tuple[Array, ...] | None = None) -> Array:
   """x @ w.T for a matrix stored (out, in), computed as (w @ x.T).T.
 
   On CPU the product's [O, B*T] result passes an optimization barrier before
@@ -280,7 +283,7 @@ class Attention(nn.Module):
     attend = attention_lib.attention if use_kernel else attention_lib.xla_attention
     out_BxTxKxGxH = attend(q_BxTxKxGxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, cfg.attn_logit_softcap)
     out_BxTxNH = out_BxTxKxGxH.reshape(b, t, num_q * h_dim)
-    out_BxTxD = linear(out_BxTxNH, o_DxNH)
+    out_BxTxD = linear(out_BxTxNH, o_DxNH, q8=q8_form(self, 'o_DxNH'))
     if self.model_axis is not None:
       out_BxTxD = jax.lax.psum(out_BxTxD, self.model_axis)
     return out_BxTxD, layer_cache
@@ -301,7 +304,7 @@ class MLP(nn.Module):
     down_DxF = self.param('down_DxF', init, (cfg.embed_dim, hidden))
     gate = linear(x_BxTxD, gate_FxD, q8=q8_form(self, 'gate_FxD'))
     h = jax.nn.gelu(gate, approximate=True) * linear(x_BxTxD, up_FxD, q8=q8_form(self, 'up_FxD'))
-    out = linear(h, down_DxF)
+    out = linear(h, down_DxF, q8=q8_form(self, 'down_DxF'))
     if self.model_axis is not None:
       out = jax.lax.psum(out, self.model_axis)
     return out
@@ -411,7 +414,7 @@ _CPU_HEAD_REDUCE_MAX_ROWS = 64
 
 
 def head_logits(x_BxRxD: Array, table_VxD: Array,
-                q8: tuple[Array, Array] | None = None) -> Array:
+                q8: tuple[Array, ...] | None = None) -> Array:
   """x @ table.T in float32 for a vocabulary-sized table: the head's product.
 
   `q8` is the same table as int8 values and float32 scales (`q8_weights`): on CPU
@@ -448,7 +451,7 @@ def head_logits(x_BxRxD: Array, table_VxD: Array,
 
 
 def lm_head(embedding_VxD: Array, x_BxRxD: Array, model_axis: str | None,
-            q8: tuple[Array, Array] | None = None) -> Array:
+            q8: tuple[Array, ...] | None = None) -> Array:
   """Float32 logits against the tied table (its local vocabulary shard, gathered);
   `q8`: the table's Q8_0 form, where the run has one (see `head_logits`)."""
   logits = head_logits(x_BxRxD, embedding_VxD, q8)

@@ -1,34 +1,47 @@
-"""Matrices served from int8 values and a float32 scale per 32 weights: the same weights, fewer bytes.
+"""Matrices served from int8 values and a float32 scale per block: the same weights, fewer bytes.
 
-The embedded Gemma 3 270M's GGUF stores its tied 262,144 x 640 table as Q8_0
-(an int8 and a float16 scale per 32 weights) and its layers' query, key, gate
-and up projections as Q5_0 (a 5-bit integer minus 16, and a float16 scale per
-32). Both are exact in float32: a float16 times an integer of at most 8 bits
-has at most 19 significant bits. So each dequantized float32 matrix can be
-split back into int8 values and float32 scales, bit for bit, and multiplied
+The embedded Gemma 3 270M's GGUF stores its weights as integers times a
+float16 scale per block:
+  Q8_0  the tied 262,144 x 640 table and half the v projections: an int8 per
+        weight, a scale per 32;
+  Q5_0  the q, k, gate and up projections and the other v: a 5-bit integer
+        minus 16, a scale per 32;
+  Q4_K  the o projections and half the down projections: a 4-bit integer
+        times a scale, minus an offset, per 32 (the scale and the offset each a
+        float16 super-block scale times a 6-bit integer);
+  Q6_K  the other down projections: a 6-bit integer minus 32 times a scale per
+        16 (a float16 times an int8).
+Each is exact in float32 (a float16 times small integers has at most 24
+significant bits), so each dequantized float32 matrix can be split back into
+int8 values, float32 scales (and offsets), value for value, and multiplied
 from those by `cpu_kernels/q8_matmul`, which rebuilds every weight in a
 register just before it is used: the same model, and the same sums as
 `cpu_kernels/skinny_matmul` over the float32 matrix, bit for bit. A decode
-step of the 270M then reads 189 MB for the head instead of 671 MB.
+step of the 270M then reads about 300 MB instead of 1.07 GB.
 
 `with_q8_weights(params)` adds each split matrix's form beside it (the float32
 matrix stays: the embedding lookup, the drafters and the XLA paths read it) as
-`<name>_q8` (int8, the matrix's shape) and `<name>_q8scale` (float32, one
-column per 32 weights), when the run is on CPU, the kernel is built and every
-block checks out; `gemma.linear` and `gemma.head_logits` then take the kernel
-for 1 to `q8_matmul.MAX_ROWS` rows. The check is exact, not a tolerance: per
-block, scale = max|w| / m for the format's largest integer m (127 for Q8_0, 16
-for Q5_0, 8 for Q4_0), q = w / scale, and q * scale must give back every
-weight's bits. Any other matrix (float16 or bfloat16 weights, Q4_K or Q6_K,
-whose weights carry an offset or 16-weight blocks, a trained one) fails it in
-its first blocks and is served in float32 as before. Only matrices split over
-the 'model' mesh axis by their rows are considered (the head and the q, k, v,
-gate and up projections), so a shard's rows are whole blocks on any mesh.
+`<name>_q8` (int8, the matrix's shape), `<name>_q8scale` (float32, a column
+per block) and, for a form with offsets, `<name>_q8offset`, when the run is on
+CPU, the kernel is built and every block checks out; `gemma.linear` and
+`gemma.head_logits` then take the kernel for 1 to `q8_matmul.MAX_ROWS` rows.
+
+The check is exact, not a tolerance. `split` tries three forms in turn: a
+scale per 32 weights, a scale per 16, a scale and an offset per 32. For a
+block of a scaled form it tries scale = max|w| / m for the format's largest
+integer m (127 for Q8_0, 16 for Q5_0, 8 for Q4_0, 32 and below for Q6_K),
+q = w / scale, and keeps the first for which q * scale gives back every
+weight's value. For the offset form it tries spans of 15 and below from the
+block's least to its greatest weight, with the scale and offset rounded to the
+17 significant bits a float16 times a 6-bit integer has, and keeps the first
+for which q * scale is exact and q * scale - offset gives back every weight.
+Any other matrix (float16 or bfloat16 weights, a trained one) fails in its
+first rows and is served in float32 as before.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from absl import logging
 import jax
@@ -38,90 +51,167 @@ from specjax.cpu_kernels import q8_matmul
 
 Q8_SUFFIX = '_q8'
 SCALE_SUFFIX = '_q8scale'
-# Matrices split into blocks along their input, and over the mesh by their rows.
-SPLITTABLE = ('embedding_VxD', 'q_NHxD', 'k_KHxD', 'v_KHxD', 'gate_FxD', 'up_FxD')
-# The largest integer of each format: Q8_0, Q5_0 (q - 16 in [-16, 15]), Q4_0 (q - 8).
-_LARGEST_INTEGERS = (127, 16, 8)
+OFFSET_SUFFIX = '_q8offset'
+FORM_SUFFIXES = (Q8_SUFFIX, SCALE_SUFFIX, OFFSET_SUFFIX)
+# The matrices tried: blocks run along a matrix's input, each of its rows whole.
+SPLITTABLE = ('embedding_VxD', 'q_NHxD', 'k_KHxD', 'v_KHxD', 'o_DxNH', 'gate_FxD', 'up_FxD',
+              'down_DxF')
+# Of those, the ones split over the mesh's 'model' axis by their input (sharding.py): a shard
+# must hold whole blocks.
+SPLIT_BY_INPUT = ('o_DxNH', 'down_DxF')
 HEAD_FORM = 'embedding_VxD' + Q8_SUFFIX  # present when the tied head is served from int8
 HEAD_SCALE = 'embedding_VxD' + SCALE_SUFFIX
 _ROWS_PER_CHUNK = 8192  # 21 MB of float32 at a time for the head
+_PROBE_ROWS = 8  # rows a form must fit before the rest of the matrix is tried
 
 
-def _split_rows(w_RxBxK: np.ndarray, largest: int) -> tuple[np.ndarray, np.ndarray] | None:
-  scale_RxB = np.abs(w_RxBxK).max(axis=2) / np.float32(largest)
-  q = np.rint(w_RxBxK / np.where(scale_RxB == 0, np.float32(1), scale_RxB)[..., None])
-  if not (np.all(np.abs(q) <= 127) and np.array_equal(q * scale_RxB[..., None], w_RxBxK)):
+class Form(NamedTuple):
+  """A matrix as int8 blocks: w = q * scale[:, i // B] (- offset[:, i // B])."""
+  q: np.ndarray                # int8 [O, I]
+  scale: np.ndarray            # float32 [O, I / B]
+  offset: np.ndarray | None    # float32 [O, I / B], or None
+
+
+# (weights per block, with an offset): a scale per 32 (Q8_0, Q5_0, Q4_0), per 16 (Q6_K), and
+# a scale and an offset per 32 (Q4_K).
+_FORMS = ((32, False), (16, False), (32, True))
+# Largest integers of a scaled block: Q8_0's, Q5_0's (q - 16 in [-16, 15]), Q4_0's, then all
+# from 32 down (Q6_K's q - 32 in [-32, 31], whose largest magnitude in a block varies).
+_SCALED_LARGEST = (127, 16, 8) + tuple(range(32, 0, -1))
+# (span from the least to the greatest q, the least q) of an offset block: Q4_K's q is in
+# [0, 15] and its least weight usually q = 0.
+_OFFSET_SPANS = tuple((span, least) for span in range(15, 0, -1) for least in (0, 1, 2))
+
+
+def _round_to_bits(x: np.ndarray, bits: int) -> np.ndarray:
+  mantissa, exponent = np.frexp(x)
+  return np.ldexp(np.rint(mantissa * 2.0 ** bits) / 2.0 ** bits, exponent)
+
+
+def _split_scaled(w_NxK: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+  """(q, scale) for blocks w_NxK (one block a row) with q * scale == w, or None."""
+  q_NxK = np.zeros(w_NxK.shape, np.int8)
+  scale_N = np.zeros(len(w_NxK), np.float32)
+  largest_N = np.abs(w_NxK).max(axis=1).astype(np.float64)
+  todo = np.nonzero(largest_N > 0)[0]  # an all-zero block is q = 0, scale = 0
+  for m in _SCALED_LARGEST:
+    if not len(todo):
+      break
+    s = (largest_N[todo] / m).astype(np.float32)
+    q = np.rint(w_NxK[todo] / s[:, None])
+    ok = np.all(np.abs(q) <= 127, axis=1) & np.all(
+        q.astype(np.float32) * s[:, None] == w_NxK[todo], axis=1)
+    q_NxK[todo[ok]], scale_N[todo[ok]] = q[ok], s[ok]
+    todo = todo[~ok]
+  return None if len(todo) else (q_NxK, scale_N)
+
+
+def _split_offset(w_NxK: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+  """(q, scale, offset) for blocks w_NxK with q * scale exact in float32 and
+  q * scale - offset == w, or None."""
+  q_NxK = np.zeros(w_NxK.shape, np.int8)
+  scale_N = np.zeros(len(w_NxK), np.float32)
+  offset_N = np.zeros(len(w_NxK), np.float32)
+  w64_NxK = w_NxK.astype(np.float64)
+  least_N, greatest_N = w64_NxK.min(axis=1), w64_NxK.max(axis=1)
+  flat = least_N == greatest_N  # one value: q = 0, offset = -w
+  offset_N[flat] = -w_NxK[flat, 0]
+  todo = np.nonzero(~flat)[0]
+  for span, least_q in _OFFSET_SPANS:
+    if not len(todo):
+      break
+    s = _round_to_bits((greatest_N[todo] - least_N[todo]) / span, 17).astype(np.float32)
+    b = _round_to_bits(s.astype(np.float64) * least_q - least_N[todo], 17).astype(np.float32)
+    q = np.rint((w64_NxK[todo] + b[:, None]) / s[:, None])
+    product = q * s[:, None].astype(np.float64)
+    ok = (np.all(np.abs(q) <= 127, axis=1)
+          & np.all(product == product.astype(np.float32), axis=1)
+          & np.all(product.astype(np.float32) - b[:, None] == w_NxK[todo], axis=1))
+    q_NxK[todo[ok]], scale_N[todo[ok]], offset_N[todo[ok]] = q[ok], s[ok], b[ok]
+    todo = todo[~ok]
+  return None if len(todo) else (q_NxK, scale_N, offset_N)
+
+
+def _split_rows(w_RxI: np.ndarray, block: int, with_offset: bool) -> Form | None:
+  if not np.all(np.isfinite(w_RxI)):
     return None
-  return q.astype(np.int8), scale_RxB
+  rows, width = w_RxI.shape
+  w_NxK = w_RxI.reshape(-1, block)
+  parts = _split_offset(w_NxK) if with_offset else _split_scaled(w_NxK)
+  if parts is None:
+    return None
+  return Form(parts[0].reshape(rows, width), *(p.reshape(rows, width // block) for p in parts[1:]),
+              *(() if with_offset else (None,)))
 
 
-def split(matrix_OxI: Any) -> tuple[np.ndarray, np.ndarray] | None:
-  """(int8 q[O, I], float32 scale[O, I / 32]) with q * scale == matrix exactly, or None.
+def split(matrix_OxI: Any) -> Form | None:
+  """The matrix as int8 blocks (`Form`), value for value, or None.
 
-  Tries each format's largest integer on the first rows, then splits the rest
-  with the one that fits. About 1 s for the 270M's head on 2 cores.
+  Tries each form on the first rows, then splits the rest with the first that
+  fits. About 1 s for the 270M's head on 2 cores.
   """
-  if np.ndim(matrix_OxI) != 2 or np.shape(matrix_OxI)[1] % q8_matmul.BLOCK:
+  if np.ndim(matrix_OxI) != 2 or np.dtype(getattr(matrix_OxI, 'dtype', None)) != np.float32:
     return None
   num_rows, width = np.shape(matrix_OxI)
-  blocks = width // q8_matmul.BLOCK
-
-  def rows(start):
-    w = np.asarray(matrix_OxI[start:start + _ROWS_PER_CHUNK], np.float32)
-    return w.reshape(-1, blocks, q8_matmul.BLOCK) if np.all(np.isfinite(w)) else None
-
-  first = rows(0)
-  if first is None:
-    return None
-  for largest in _LARGEST_INTEGERS:
-    parts = _split_rows(first, largest)
-    if parts is not None:
-      break
-  else:
-    return None
-  q_OxI = np.empty((num_rows, width), np.int8)
-  scale_OxB = np.empty((num_rows, blocks), np.float32)
-  for start in range(0, num_rows, _ROWS_PER_CHUNK):
-    if start:
-      w = rows(start)
-      parts = None if w is None else _split_rows(w, largest)
-    if parts is None:
-      return None
-    q_OxI[start:start + _ROWS_PER_CHUNK] = parts[0].reshape(-1, width)
-    scale_OxB[start:start + _ROWS_PER_CHUNK] = parts[1]
-  return q_OxI, scale_OxB
+  for block, with_offset in _FORMS:
+    if width % block:
+      continue
+    if _split_rows(np.asarray(matrix_OxI[:_PROBE_ROWS]), block, with_offset) is None:
+      continue
+    chunks = []
+    for start in range(0, num_rows, _ROWS_PER_CHUNK):
+      chunk = _split_rows(np.asarray(matrix_OxI[start:start + _ROWS_PER_CHUNK], np.float32),
+                          block, with_offset)
+      if chunk is None:
+        break
+      chunks.append(chunk)
+    else:
+      if len(chunks) == 1:
+        return chunks[0]
+      return Form(*(None if parts[0] is None else np.concatenate(parts)
+                    for parts in zip(*chunks)))
+  return None
 
 
-def _with_forms(tree: dict[str, Any], names: tuple[str, ...], counts: dict[str, int]
-                ) -> dict[str, Any]:
+def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
+                counts: dict[str, int]) -> dict[str, Any]:
   out = dict(tree)
   for name, value in tree.items():
     if isinstance(value, dict):
-      out[name] = _with_forms(value, names, counts)
-    elif np.ndim(value) == 2 and not name.endswith((Q8_SUFFIX, SCALE_SUFFIX)):
+      out[name] = _with_forms(value, names, model_shards, counts)
+    elif np.ndim(value) == 2 and not name.endswith(FORM_SUFFIXES):
       nbytes = np.dtype(value.dtype).itemsize * int(np.prod(np.shape(value)))
-      form = (split(value) if name in names and name + Q8_SUFFIX not in tree
-              and np.dtype(value.dtype) == np.float32 else None)
+      form = split(value) if name in names and name + Q8_SUFFIX not in tree else None
+      if form is not None and name in SPLIT_BY_INPUT and form.scale.shape[1] % model_shards:
+        counts['unsharded'] += 1
+        form = None
       if form is None:
         counts['bytes kept'] += nbytes
         continue
       counts['bytes split'] += nbytes
-      out[name + Q8_SUFFIX], out[name + SCALE_SUFFIX] = form
+      out[name + Q8_SUFFIX], out[name + SCALE_SUFFIX] = form.q, form.scale
+      if form.offset is not None:
+        out[name + OFFSET_SUFFIX] = form.offset
       counts['split'] += 1
-      counts['q8 bytes'] += form[0].nbytes + form[1].nbytes
+      counts['q8 bytes'] += sum(a.nbytes for a in form if a is not None)
   return out
 
 
-def with_q8_weights(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
-                    ) -> dict[str, Any]:
+def with_q8_weights(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE,
+                    model_shards: int = 1) -> dict[str, Any]:
   """`params` with the int8 form of every matrix named in `names` (of SPLITTABLE) added where
-  it serves (see the module doc), else `params` itself."""
+  it serves (see the module doc), else `params` itself. `model_shards`: the size of the
+  mesh's 'model' axis the params will be split over; a matrix split by its input whose
+  blocks a row do not divide by it keeps its float32 form alone."""
   if set(names) - set(SPLITTABLE):
     raise ValueError(f'only {SPLITTABLE} are split, not {sorted(set(names) - set(SPLITTABLE))}')
   if jax.default_backend() != 'cpu' or not q8_matmul.available():
     return params
-  counts = {'split': 0, 'bytes split': 0, 'bytes kept': 0, 'q8 bytes': 0}
-  out = _with_forms(params, tuple(names), counts)
+  counts = {'split': 0, 'bytes split': 0, 'bytes kept': 0, 'q8 bytes': 0, 'unsharded': 0}
+  out = _with_forms(params, tuple(names), model_shards, counts)
+  if counts['unsharded']:
+    logging.info('%d matrices split by their input stay float32: their blocks do not divide '
+                 'over %d model shards', counts['unsharded'], model_shards)
   if not counts['split']:
     logging.info('no matrix of this model is exactly int8 blocks: all are served as they are')
     return params

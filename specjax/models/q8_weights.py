@@ -41,6 +41,8 @@ first rows and is served in float32 as before.
 
 from __future__ import annotations
 
+from concurrent import futures
+import os
 from typing import Any, NamedTuple
 
 from absl import logging
@@ -88,22 +90,29 @@ def _round_to_bits(x: np.ndarray, bits: int) -> np.ndarray:
   return np.ldexp(np.rint(mantissa * 2.0 ** bits) / 2.0 ** bits, exponent)
 
 
-def _split_scaled(w_NxK: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-  """(q, scale) for blocks w_NxK (one block a row) with q * scale == w, or None."""
+def _split_scaled(w_NxK: np.ndarray, largest: tuple[int, ...] = _SCALED_LARGEST
+                  ) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
+  """(q, scale, the largest integers that served, most blocks first) for blocks w_NxK (one
+  block a row) with q * scale == w, or None. `largest`: the integers to try, in order."""
   q_NxK = np.zeros(w_NxK.shape, np.int8)
   scale_N = np.zeros(len(w_NxK), np.float32)
   largest_N = np.abs(w_NxK).max(axis=1).astype(np.float64)
   todo = np.nonzero(largest_N > 0)[0]  # an all-zero block is q = 0, scale = 0
-  for m in _SCALED_LARGEST:
+  served = {}
+  for m in largest:
     if not len(todo):
       break
+    w = w_NxK if len(todo) == len(w_NxK) else w_NxK[todo]
     s = (largest_N[todo] / m).astype(np.float32)
-    q = np.rint(w_NxK[todo] / s[:, None])
-    ok = np.all(np.abs(q) <= 127, axis=1) & np.all(
-        q.astype(np.float32) * s[:, None] == w_NxK[todo], axis=1)
-    q_NxK[todo[ok]], scale_N[todo[ok]] = q[ok], s[ok]
-    todo = todo[~ok]
-  return None if len(todo) else (q_NxK, scale_N)
+    q = np.rint(w / s[:, None])
+    ok = np.all(np.abs(q) <= 127, axis=1) & np.all(q.astype(np.float32) * s[:, None] == w, axis=1)
+    if ok.any():
+      q_NxK[todo[ok]], scale_N[todo[ok]] = q[ok], s[ok]
+      served[m] = int(ok.sum())
+      todo = todo[~ok]
+  if len(todo):
+    return None
+  return q_NxK, scale_N, sorted(served, key=served.get, reverse=True)
 
 
 def _split_offset(w_NxK: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -132,23 +141,29 @@ def _split_offset(w_NxK: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
   return None if len(todo) else (q_NxK, scale_N, offset_N)
 
 
-def _split_rows(w_RxI: np.ndarray, block: int, with_offset: bool) -> Form | None:
+def _split_rows(w_RxI: np.ndarray, block: int, with_offset: bool,
+                largest: tuple[int, ...] = _SCALED_LARGEST) -> tuple[Form, list[int]] | None:
+  """The rows' form, and for a scaled one the largest integers that served (most first)."""
   if not np.all(np.isfinite(w_RxI)):
     return None
   rows, width = w_RxI.shape
   w_NxK = w_RxI.reshape(-1, block)
-  parts = _split_offset(w_NxK) if with_offset else _split_scaled(w_NxK)
+  parts = _split_offset(w_NxK) if with_offset else _split_scaled(w_NxK, largest)
   if parts is None:
     return None
-  return Form(parts[0].reshape(rows, width), *(p.reshape(rows, width // block) for p in parts[1:]),
-              *(() if with_offset else (None,)))
+  q, scale, offset = (parts[0], parts[1], parts[2] if with_offset else None)
+  reshape = lambda a: None if a is None else a.reshape(rows, width // block)  # noqa: E731
+  return Form(q.reshape(rows, width), reshape(scale), reshape(offset)), (
+      [] if with_offset else parts[2])
 
 
 def split(matrix_OxI: Any) -> Form | None:
   """The matrix as int8 blocks (`Form`), value for value, or None.
 
   Tries each form on the first rows, then splits the rest with the first that
-  fits. About 1 s for the 270M's head on 2 cores.
+  fits, trying first the largest integers that served those rows, in chunks
+  on every core (numpy releases the GIL). About 1 s for the 270M's head on 2
+  cores.
   """
   if np.ndim(matrix_OxI) != 2 or np.dtype(getattr(matrix_OxI, 'dtype', None)) != np.float32:
     return None
@@ -156,44 +171,64 @@ def split(matrix_OxI: Any) -> Form | None:
   for block, with_offset in _FORMS:
     if width % block:
       continue
-    if _split_rows(np.asarray(matrix_OxI[:_PROBE_ROWS]), block, with_offset) is None:
+    probe = _split_rows(np.asarray(matrix_OxI[:_PROBE_ROWS]), block, with_offset)
+    if probe is None:
       continue
-    chunks = []
-    for start in range(0, num_rows, _ROWS_PER_CHUNK):
-      chunk = _split_rows(np.asarray(matrix_OxI[start:start + _ROWS_PER_CHUNK], np.float32),
-                          block, with_offset)
-      if chunk is None:
-        break
-      chunks.append(chunk)
+    largest = tuple(probe[1]) + tuple(m for m in _SCALED_LARGEST if m not in probe[1])
+
+    def chunk(start, block=block, with_offset=with_offset, largest=largest):
+      return _split_rows(np.asarray(matrix_OxI[start:start + _ROWS_PER_CHUNK], np.float32),
+                         block, with_offset, largest)
+
+    starts = range(0, num_rows, _ROWS_PER_CHUNK)
+    if len(starts) == 1:
+      chunks = [chunk(0)]
     else:
-      if len(chunks) == 1:
-        return chunks[0]
-      return Form(*(None if parts[0] is None else np.concatenate(parts)
-                    for parts in zip(*chunks)))
+      with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        chunks = list(pool.map(chunk, starts))
+    if any(c is None for c in chunks):
+      continue
+    if len(chunks) == 1:
+      return chunks[0][0]
+    return Form(*(None if parts[0] is None else np.concatenate(parts)
+                  for parts in zip(*(c[0] for c in chunks))))
   return None
+
+
+def _matrices(tree: dict[str, Any], names: tuple[str, ...], path=()):
+  """(path, name, matrix, whether to split it) for every matrix of the tree."""
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      yield from _matrices(value, names, path + (name,))
+    elif np.ndim(value) == 2 and not name.endswith(FORM_SUFFIXES):
+      yield path, name, value, name in names and name + Q8_SUFFIX not in tree
 
 
 def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
                 counts: dict[str, int]) -> dict[str, Any]:
+  matrices = list(_matrices(tree, names))
+  # The small matrices a thread each (the head's chunks are split on every core by `split`).
+  with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    forms = list(pool.map(lambda m: split(m[2]) if m[3] else None, matrices))
   out = dict(tree)
-  for name, value in tree.items():
-    if isinstance(value, dict):
-      out[name] = _with_forms(value, names, model_shards, counts)
-    elif np.ndim(value) == 2 and not name.endswith(FORM_SUFFIXES):
-      nbytes = np.dtype(value.dtype).itemsize * int(np.prod(np.shape(value)))
-      form = split(value) if name in names and name + Q8_SUFFIX not in tree else None
-      if form is not None and name in SPLIT_BY_INPUT and form.scale.shape[1] % model_shards:
-        counts['unsharded'] += 1
-        form = None
-      if form is None:
-        counts['bytes kept'] += nbytes
-        continue
-      counts['bytes split'] += nbytes
-      out[name + Q8_SUFFIX], out[name + SCALE_SUFFIX] = form.q, form.scale
-      if form.offset is not None:
-        out[name + OFFSET_SUFFIX] = form.offset
-      counts['split'] += 1
-      counts['q8 bytes'] += sum(a.nbytes for a in form if a is not None)
+  for (path, name, value, _), form in zip(matrices, forms):
+    nbytes = np.dtype(value.dtype).itemsize * int(np.prod(np.shape(value)))
+    if form is not None and name in SPLIT_BY_INPUT and form.scale.shape[1] % model_shards:
+      counts['unsharded'] += 1
+      form = None
+    if form is None:
+      counts['bytes kept'] += nbytes
+      continue
+    node = out
+    for key in path:
+      node[key] = dict(node[key])  # a copy: the caller's tree is left as it was
+      node = node[key]
+    counts['bytes split'] += nbytes
+    node[name + Q8_SUFFIX], node[name + SCALE_SUFFIX] = form.q, form.scale
+    if form.offset is not None:
+      node[name + OFFSET_SUFFIX] = form.offset
+    counts['split'] += 1
+    counts['q8 bytes'] += sum(a.nbytes for a in form if a is not None)
   return out
 
 

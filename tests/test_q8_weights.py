@@ -9,7 +9,7 @@ from specjax import sharding
 from specjax.cpu_kernels import q8_matmul
 from specjax.cpu_kernels import skinny_matmul
 from specjax.decoding import autoregressive, speculative
-from specjax.drafters import make_drafter
+from specjax.drafters import eagle, eagle_net, make_drafter, medusa
 from specjax.models import config as config_lib
 from specjax.models import gemma, q8_weights
 from specjax.models.language_model import LanguageModel
@@ -158,4 +158,42 @@ def test_speculative_greedy_from_the_int8_forms_equals_autoregressive(drafter):
                                                            settings=settings),
                               prompts, gamma=4, max_new_tokens=16)
   assert ar.new_tokens == ref.new_tokens
+  assert spec.new_tokens == ar.new_tokens
+
+
+@pytest.mark.parametrize('kind', ['eagle', 'medusa'])
+def test_a_trained_drafter_scores_its_head_rows_from_their_int8_form(kind):
+  # The draft head is the target's table restricted to a draft vocabulary: from the table's
+  # int8 form it reads a quarter of the bytes, and gives the same logits.
+  cfg, params, with_q8 = _gguf_like_tiny(seed=5)
+  model = LanguageModel(cfg)
+  ids = np.arange(1, cfg.vocab_size, 2)
+  if kind == 'eagle':
+    layers = eagle_net.default_layers(cfg.num_layers)
+    net = eagle_net.init_params(cfg, len(layers), 2 * cfg.embed_dim, jax.random.key(1),
+                                params['final_norm']['scale'])
+    made = [eagle.make(model, net, layers, vocab_ids_N=ids, target_params=p)
+            for p in (params, with_q8)]
+  else:
+    heads = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(2), x.shape),
+                         medusa.init_heads(3, cfg.embed_dim))
+    made = [medusa.make(model, heads, vocab_ids_N=ids, target_params=p) for p in (params, with_q8)]
+  assert made[0].params['head_q8'] is None
+  q, scale = made[1].params['head_q8']
+  assert np.array_equal(np.asarray(q8_matmul.dequantize(q, scale)),
+                        np.asarray(with_q8['embedding_VxD'])[ids])
+  # 3 rows: the float32 rows take the skinny kernel, the form the q8 kernel: the same bits.
+  hidden_Bx1xD = jax.random.normal(jax.random.key(3), (3, 1, cfg.embed_dim))
+  if kind == 'eagle':
+    logits = [jax.jit(lambda h, f: eagle_net.logits(net, made[0].params['head_NxD'], h, cfg,
+                                                    head_q8=f))(hidden_Bx1xD, f)
+              for f in (None, (q, scale))]
+  else:
+    logits = [jax.jit(lambda h, f: medusa.head_logits(heads, made[0].params['head_NxD'], h[:, 0],
+                                                      head_q8=f))(hidden_Bx1xD, f)
+              for f in (None, (q, scale))]
+  assert np.array_equal(np.asarray(logits[0]), np.asarray(logits[1]))
+  prompts = [[5, 9, 3], [7, 1, 2, 8, 4, 6, 1, 2, 30, 31, 33], [11]]
+  ar = autoregressive.generate(model, params, prompts, max_new_tokens=12)
+  spec = speculative.generate(model, with_q8, made[1], prompts, gamma=3, max_new_tokens=12)
   assert spec.new_tokens == ar.new_tokens

@@ -34,6 +34,7 @@ import numpy as np
 
 from specjax import sampling as sampling_lib
 from specjax.models import gemma
+from specjax.models import q8_weights
 from specjax.models.config import GemmaConfig
 
 Array = jax.Array
@@ -163,6 +164,23 @@ def ranked(logits_BxN: Array, r: int, ids_N: Array | None) -> tuple[Array, Array
 def reduced_head(embedding_VxD: Array, ids_N) -> Array:
   """The rows of the tied table the draft head scores (gathered once, outside the loop)."""
   return jnp.take(embedding_VxD, jnp.asarray(ids_N, jnp.int32), axis=0)
+
+
+def head_form(target_params, ids_N) -> tuple[Array, Array] | None:
+  """The int8 form (`models/q8_weights`) of the rows a draft head scores (all of them for
+  `ids_N` None), where the target's table has one, else None.
+
+  A draft position scores its N rows once per draft: from 16,384 rows that is 42 MB of
+  float32 a draft, against the 306 MB a decode step of the 270M reads from its int8 forms;
+  from the rows' int8 form it is 12 MB. `gemma.linear` takes the form where the q8 kernel
+  applies, and the float32 rows elsewhere."""
+  if q8_weights.HEAD_FORM not in target_params:
+    return None
+  q_VxD, scale_VxB = target_params[q8_weights.HEAD_FORM], target_params[q8_weights.HEAD_SCALE]
+  if ids_N is None:
+    return q_VxD, scale_VxB
+  ids_N = jnp.asarray(ids_N, jnp.int32)
+  return jnp.take(q_VxD, ids_N, axis=0), jnp.take(scale_VxB, ids_N, axis=0)
 
 
 def head_logits(head_NxD: Array, hidden_BxD: Array, config: GemmaConfig) -> Array:

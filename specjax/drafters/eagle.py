@@ -105,7 +105,14 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
             'ids_N': None if ids is None else jnp.asarray(ids),
             'head_NxD': None if ids is None
                         else draft_vocab.reduced_head(target_params['embedding_VxD'],
-                                                      jnp.asarray(ids))}
+                                                      jnp.asarray(ids)),
+            'head_q8': None if ids is None else draft_vocab.head_form(target_params, ids)}
+
+  def head(params, target_params):
+    """(float32 rows, their int8 form or None) of the draft head."""
+    if params['head_NxD'] is None:
+      return target_params['embedding_VxD'], draft_vocab.head_form(target_params, None)
+    return params['head_NxD'], params['head_q8']
   window = {-1: trained_length, 0: None}.get(settings.window, settings.window)
   if window is not None and window < MIN_WINDOW:
     raise ValueError(f'eagle was trained on sequences of {window} tokens: too short to draft '
@@ -161,9 +168,9 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
         out_Bx1xD, cache = eagle_net.step(params['net'], geo, out_BxD[:, None], embedded,
                                           position_Bx1, cache)
         out_BxD = out_Bx1xD[:, 0]
-      head_NxD = (target_params['embedding_VxD'] if params['head_NxD'] is None
-                  else params['head_NxD'])
-      logits_BxN = eagle_net.logits(params['net'], head_NxD, out_BxD[:, None], cfg, geo.eps)[:, 0]
+      head_NxD, head_q8 = head(params, target_params)
+      logits_BxN = eagle_net.logits(params['net'], head_NxD, out_BxD[:, None], cfg, geo.eps,
+                                    head_q8)[:, 0]
       step_keys = sampling_lib.step_keys(keys_B, k)
       token_B, index_B, q_BxV = draft_vocab.draw(step_keys, logits_BxN, ids_N, cfg.vocab_size,
                                                  sampling)
@@ -179,8 +186,7 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
                    target_params):
     del tokens_BxS, keys_B, sampling, shared
     ids_N = params['ids_N']
-    head_NxD = (target_params['embedding_VxD'] if params['head_NxD'] is None
-                else params['head_NxD'])
+    head_NxD, head_q8 = head(params, target_params)
     cache = state['cache']
     batch = lengths_B.shape[0]
     num_nodes = tree.num_nodes
@@ -195,7 +201,7 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
       if t not in ranked:
         r = 1 + max(int(tree.child_rank_N[i]) for i in tree.children[t])
         logits_BxN = eagle_net.logits(params['net'], head_NxD, out_T[t][:, None], cfg,
-                                      geo.eps)[:, 0]
+                                      geo.eps, head_q8)[:, 0]
         ranked[t] = draft_vocab.ranked(logits_BxN, r, ids_N)
       return ranked[t]
 

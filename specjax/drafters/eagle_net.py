@@ -167,10 +167,12 @@ def _finish(params, geo: Geometry, hidden_BxTxD: Array, attn_BxTxHE: Array) -> A
 
 
 def logits(params, head_NxD: Array, out_BxTxD: Array, target: GemmaConfig,
-           eps: float = 1e-6) -> Array:
-  """Float32 logits over the draft vocabulary, soft-capped as the target's head is."""
+           eps: float = 1e-6, head_q8: tuple[Array, Array] | None = None) -> Array:
+  """Float32 logits over the draft vocabulary, soft-capped as the target's head is;
+  `head_q8`: the head rows' int8 form (`draft_vocab.head_form`), where there is one."""
   normed = gemma.rms_norm(out_BxTxD, params['final_norm_D'].astype(jnp.float32), eps)
-  return gemma.softcap_logits(gemma.linear(normed, head_NxD, out_dtype=jnp.float32), target)
+  return gemma.softcap_logits(
+      gemma.linear(normed, head_NxD, out_dtype=jnp.float32, q8=head_q8), target)
 
 
 def init_cache(geo: Geometry, batch: int, num_slots: int) -> dict[str, Array]:

@@ -71,11 +71,14 @@ def head_features(heads: dict[str, Array], hidden_BxD: Array) -> Array:
 
 
 def head_logits(heads: dict[str, Array], head_NxD: Array, hidden_BxD: Array,
-                softcap: float | None = None) -> Array:
-  """Each head's logits over the N rows of `head_NxD`: [B, K, N], float32."""
+                softcap: float | None = None, head_q8: tuple[Array, Array] | None = None
+                ) -> Array:
+  """Each head's logits over the N rows of `head_NxD`: [B, K, N], float32; `head_q8`: the
+  rows' int8 form (`draft_vocab.head_form`), where there is one."""
   features_BxKxD = head_features(heads, hidden_BxD)
   b, k, d = features_BxKxD.shape
-  logits = gemma.linear(features_BxKxD.reshape(b * k, 1, d), head_NxD, out_dtype=jnp.float32)
+  logits = gemma.linear(features_BxKxD.reshape(b * k, 1, d), head_NxD, out_dtype=jnp.float32,
+                        q8=head_q8)
   logits = logits.reshape(b, k, head_NxD.shape[0])
   if softcap is not None:
     logits = jnp.tanh(logits / softcap) * softcap
@@ -109,12 +112,16 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
   params = {'heads': jax.tree.map(jnp.asarray, heads),
             'vocab_ids_N': None if ids is None else jnp.asarray(ids),
             'head_NxD': None if ids is None or target_params is None
-                        else head_matrix(target_params, jnp.asarray(ids))}
+                        else head_matrix(target_params, jnp.asarray(ids)),
+            'head_q8': None if ids is None or target_params is None
+                       else draft_vocab.head_form(target_params, ids)}
 
   def head(params, target_params):
+    """(float32 rows, their int8 form or None) of the draft head."""
     if params['head_NxD'] is not None:
-      return params['head_NxD']
-    return head_matrix(target_params, params['vocab_ids_N'])
+      return params['head_NxD'], params['head_q8']
+    return (head_matrix(target_params, params['vocab_ids_N']),
+            draft_vocab.head_form(target_params, params['vocab_ids_N']))
 
   def init(*, params, target: base.TargetView):
     del params
@@ -131,8 +138,9 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
       raise ValueError(f'medusa has {num_heads} heads, so it drafts at most {num_heads} tokens; '
                        f'gamma is {gamma}')
     target_params, target_cache = shared
-    logits_BxKxN = head_logits(params['heads'], head(params, target_params),
-                               state['hidden_BxD'], cfg.final_logit_softcap)
+    head_NxD, head_q8 = head(params, target_params)
+    logits_BxKxN = head_logits(params['heads'], head_NxD, state['hidden_BxD'],
+                               cfg.final_logit_softcap, head_q8)
     drafts, qs, probs = [], [], []
     ids_N = params['vocab_ids_N']
     for k in range(gamma):
@@ -159,8 +167,9 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
       raise ValueError(f'medusa has {num_heads} heads, so its trees are at most {num_heads} '
                        f'deep; this tree is {tree.max_depth} deep')
     target_params, target_cache = shared
-    logits_BxKxN = head_logits(params['heads'], head(params, target_params),
-                               state['hidden_BxD'], cfg.final_logit_softcap)
+    head_NxD, head_q8 = head(params, target_params)
+    logits_BxKxN = head_logits(params['heads'], head_NxD, state['hidden_BxD'],
+                               cfg.final_logit_softcap, head_q8)
     width = int(tree.child_rank_N.max()) + 1
     top_logits_BxKxW, top_BxKxW = jax.lax.top_k(logits_BxKxN, width)
     head_N, rank_N = np.asarray(tree.depth_N) - 1, np.asarray(tree.child_rank_N)

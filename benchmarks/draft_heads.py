@@ -6,9 +6,12 @@ CPU model and flags:
 
   1. the cost of one draft step (batch 1, one token over a cache) of
      `early_exit` (`--layers` layers) with the full head and with reduced heads
-     of N = 8k/16k/32k/64k, and of `layer_skip` (the shipped searched set) with
-     a 32k head, each over a target decode step; every step's logits are
-     consumed (argmax), else XLA would slice the head's work away;
+     of N = 8k/16k/32k/64k (their rows of the table in float32, and from the
+     table's int8 form, as the drafters read them where the target has one),
+     of `layer_skip` (the shipped searched set) with a 32k head, and of the
+     shipped EAGLE head (its 16k rows in float32 and from int8; a draft of a
+     4-draft chain, on average), each over a target decode step; every step's
+     logits are consumed (argmax), else XLA would slice the head's work away;
   2. coverage: the share of the target's greedy output tokens on these prompts
      (held out: the vocabulary was counted on specjax/prompts/calibration.jsonl)
      inside each reduced vocabulary;
@@ -101,16 +104,16 @@ def step_cost_table(model, params, vocab, skip) -> str:
   def target_step(params, cache):
     return jnp.argmax(model.forward(params, token, pos, cache).logits_BxRxV, -1)
 
-  def draft_step(num_layers, skip_layers, head):
+  def draft_step(num_layers, skip_layers, head, head_q8=None):
     @jax.jit
-    def step(params, head_NxD, cache):
+    def step(params, head_NxD, head_q8, cache):
       out = model.forward(params, token, pos, cache, num_layers=num_layers,
                           skip_layers=skip_layers, logits=head_NxD is None)
       if head_NxD is None:
         return jnp.argmax(out.logits_BxRxV, -1)
-      return jnp.argmax(draft_vocab.head_logits(head_NxD, out.hidden_BxTxD[:, 0], model.config),
-                        -1)
-    return lambda: step(params, head, cache)
+      return jnp.argmax(draft_vocab.head_logits(head_NxD, out.hidden_BxTxD[:, 0], model.config,
+                                                head_q8), -1)
+    return lambda: step(params, head, head_q8, cache)
 
   base = timed(target_step, params, cache)
   rows = [('target decode step (18 layers, 262k head)', base)]
@@ -121,12 +124,37 @@ def step_cost_table(model, params, vocab, skip) -> str:
     heads[size] = draft_vocab.reduced_head(params['embedding_VxD'], vocab.first(size).ids_N)
     rows.append((f'early_exit {LAYERS.value} layers, {size // 1024}k head',
                  timed(draft_step(LAYERS.value, (), heads[size]))))
+    form = draft_vocab.head_form(params, vocab.first(size).ids_N)
+    if form is not None:
+      rows.append((f'early_exit {LAYERS.value} layers, {size // 1024}k head from int8',
+                   timed(draft_step(LAYERS.value, (), heads[size], form))))
   rows.append((f'layer_skip skip={list(skip)}, 32k head',
-               timed(draft_step(None, tuple(skip), heads.get(32768)))))
+               timed(draft_step(None, tuple(skip), heads.get(32768),
+                                draft_vocab.head_form(params, vocab.first(32768).ids_N)))))
+  rows += eagle_rows(model, params)
   lines = [f'Draft step cost over a target decode step (batch 1, {SLOTS} cache slots, '
            'logits consumed by argmax):', '', '| step | ms | / target step |', '|---|---|---|']
   lines += [f'| {name} | {1e3 * s:.1f} | {s / base:.3f} |' for name, s in rows]
   return '\n'.join(lines)
+
+
+def eagle_rows(model, params) -> list[tuple[str, float]]:
+  """A draft of the shipped EAGLE head (a 4-draft chain's mean), its head rows in float32
+  and, where the target has the table's int8 form, from that."""
+  from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
+  signature = drafter_io.target_signature(model.config,
+                                          checkpoints.content_digest('embedded:gemma3-270m'))
+  trained = drafter_io.load_drafter('embedded', 'eagle', target=signature)
+  plain = {k: v for k, v in params.items()
+           if k not in (q8_weights.HEAD_FORM, q8_weights.HEAD_SCALE)}
+  rows = []
+  for label, target_params in (('float32', plain), ('int8', params)):
+    if label == 'int8' and q8_weights.HEAD_FORM not in params:
+      continue
+    drafter = make_drafter('eagle', target=model, trained=trained, target_params=target_params)
+    seconds = step_costs.seconds_per_draft(drafter, model, params, 4, batch=1, num_slots=SLOTS)
+    rows.append((f'eagle (shipped), 16k head rows in {label}, one draft of 4', seconds / 4))
+  return rows
 
 
 def main(argv):

@@ -73,7 +73,8 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
   ids = draft_vocab.checked_ids(vocab_ids_N, cfg.vocab_size, 'draft model')
   drafter_params = {'model': params, 'ids_N': None if ids is None else jnp.asarray(ids),
                     'head_NxD': None if ids is None else draft_vocab.reduced_head(
-                        params['embedding_VxD'], jnp.asarray(ids))}
+                        params['embedding_VxD'], jnp.asarray(ids)),
+                    'head_q8': None if ids is None else draft_vocab.head_form(params, ids)}
 
   def forward_at(params, tokens_BxT, positions_BxT, cache, index_BxR, tree_mask=None):
     """The new cache and the logits at positions `index_BxR` of the call, over the
@@ -86,7 +87,8 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
                         tree_mask=tree_mask)
     hidden_BxRxD = jnp.take_along_axis(out.hidden_BxTxD, index_BxR[:, :, None], axis=1)
     b, r, d = hidden_BxRxD.shape
-    logits = draft_vocab.head_logits(params['head_NxD'], hidden_BxRxD.reshape(b * r, d), cfg)
+    logits = draft_vocab.head_logits(params['head_NxD'], hidden_BxRxD.reshape(b * r, d), cfg,
+                                     params['head_q8'])
     return out.cache, logits.reshape(b, r, -1)
 
   def forward(params, tokens_BxT, positions_BxT, cache, last_B=None):

@@ -183,9 +183,12 @@ def head_form(target_params, ids_N) -> tuple[Array, Array] | None:
   return jnp.take(q_VxD, ids_N, axis=0), jnp.take(scale_VxB, ids_N, axis=0)
 
 
-def head_logits(head_NxD: Array, hidden_BxD: Array, config: GemmaConfig) -> Array:
-  """Float32 logits over the subset, soft-capped as the full head is."""
-  logits_BxN = gemma.linear(hidden_BxD[:, None], head_NxD, out_dtype=jnp.float32)[:, 0]
+def head_logits(head_NxD: Array, hidden_BxD: Array, config: GemmaConfig,
+                head_q8: tuple[Array, Array] | None = None) -> Array:
+  """Float32 logits over the subset, soft-capped as the full head is; `head_q8`: the
+  rows' int8 form (`head_form`), where there is one."""
+  logits_BxN = gemma.linear(hidden_BxD[:, None], head_NxD, out_dtype=jnp.float32,
+                            q8=head_q8)[:, 0]
   return gemma.softcap_logits(logits_BxN, config)
 
 

@@ -40,7 +40,7 @@ def head_params(vocab: draft_vocab_lib.DraftVocab | None, target_params, setting
                      '(make_drafter(..., target_params=...))')
   ids_N = jnp.asarray(vocab.ids_N, jnp.int32)
   return dict(head_NxD=draft_vocab_lib.reduced_head(target_params['embedding_VxD'], ids_N),
-              ids_N=ids_N)
+              head_q8=draft_vocab_lib.head_form(target_params, ids_N), ids_N=ids_N)
 
 
 def make(target: LanguageModel, *, name: str, num_layers: int | None = None,
@@ -53,8 +53,8 @@ def make(target: LanguageModel, *, name: str, num_layers: int | None = None,
   def step_logits(params, out):
     if params is None:
       return out.logits_BxRxV[:, 0], None
-    return draft_vocab_lib.head_logits(params['head_NxD'], out.hidden_BxTxD[:, 0], config), \
-        params['ids_N']
+    return draft_vocab_lib.head_logits(params['head_NxD'], out.hidden_BxTxD[:, 0], config,
+                                       params['head_q8']), params['ids_N']
 
   def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None):
     target_params, target_cache = shared

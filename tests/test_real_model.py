@@ -17,6 +17,7 @@ from specjax import sampling
 from specjax.decoding import autoregressive, draft_length, speculative
 from specjax.decoding import tree as tree_lib
 from specjax.drafters import make_drafter
+from specjax.models import q8_weights
 
 from real_prompts import PROMPTS
 
@@ -29,6 +30,17 @@ def reference():
   data = np.load(FIXTURE, allow_pickle=False)
   prompts = json.loads(str(data['prompts_json']))
   return data, len(prompts)
+
+
+@pytest.fixture(scope='module')
+def served(gemma270m):
+  """The 270M as the product serves it on CPU: every matrix also as its int8 blocks
+  (models/q8_weights), which decode steps and verify calls read."""
+  model, params = gemma270m
+  with_forms = q8_weights.with_q8_weights(params)
+  assert q8_weights.HEAD_FORM in with_forms
+  assert {'o_DxNH_q8offset', 'q_NHxD_q8'} <= set(with_forms['layer_0']['attn'])
+  return model, jax.device_put(with_forms)
 
 
 def _full_forward(model, params, ids):
@@ -51,9 +63,11 @@ def test_logits_match_transformers(gemma270m, reference):
     np.testing.assert_array_equal(logits.argmax(-1), data[f'p{i}_argmax'])
 
 
-def test_cached_decode_matches_transformers_past_the_window(gemma270m, reference):
-  """Prefill 500 tokens, then decode one token at a time to position 560."""
-  model, params = gemma270m
+@pytest.mark.parametrize('weights', ['gemma270m', 'served'])
+def test_cached_decode_matches_transformers_past_the_window(weights, reference, request):
+  """Prefill 500 tokens, then decode one token at a time to position 560 (from the int8
+  blocks too: the decode steps' products are theirs)."""
+  model, params = request.getfixturevalue(weights)
   data, _ = reference
   ids = jnp.asarray(data['p3_ids'])
   start, stop = 500, 560
@@ -71,8 +85,9 @@ def test_cached_decode_matches_transformers_past_the_window(gemma270m, reference
                              rtol=0)
 
 
-def test_speculative_greedy_equals_autoregressive_on_the_real_model(gemma270m):
-  model, params = gemma270m
+@pytest.mark.parametrize('weights', ['gemma270m', 'served'])
+def test_speculative_greedy_equals_autoregressive_on_the_real_model(weights, request):
+  model, params = request.getfixturevalue(weights)
   reference = autoregressive.generate(model, params, PROMPTS, max_new_tokens=24)
   for name in ('ngram', 'early_exit'):
     drafter = make_drafter(name, target=model, settings={'layers': 6} if name == 'early_exit' else None)

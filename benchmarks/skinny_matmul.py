@@ -71,9 +71,10 @@ def compiled(fn, args, kernel_rows: int, q8: bool = False):
   The model leaves a single row to XLA (`skinny_matmul.MIN_ROWS`); this benchmark
   times the kernel on it too, beside XLA. `q8`: the args carry int8 forms, which
   take the q8 kernel."""
-  saved = skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS
+  saved = skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS, q8_matmul.MAX_ROWS
   skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS = 1, kernel_rows
-  jax.clear_caches()  # the row limit is read when fn is traced, and traces are cached
+  q8_matmul.MAX_ROWS = max(q8_matmul.MAX_ROWS, kernel_rows)  # past the model's limit too
+  jax.clear_caches()  # the row limits are read when fn is traced, and traces are cached
   try:
     lowered = jax.jit(fn).lower(*args)
     if q8:
@@ -82,7 +83,7 @@ def compiled(fn, args, kernel_rows: int, q8: bool = False):
       assert (skinny_matmul.TARGET in lowered.as_text()) == (kernel_rows > 0)
     return lowered.compile()
   finally:
-    skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS = saved
+    skinny_matmul.MIN_ROWS, skinny_matmul.MAX_ROWS, q8_matmul.MAX_ROWS = saved
 
 
 def body_chain(layers, x_NxD):

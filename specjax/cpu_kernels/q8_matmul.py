@@ -24,8 +24,13 @@ printed), the head at 1 / 5 / 9 / 12 / 16 / 20 rows took 5.4-6.0 / 9.5-10.0 /
 512-bit register (two runs), 7.1 / 13.2 / 23.4 / 29.4 / 41.0 / 46.7 ms with
 one to a 256-bit register (AVX2's path) in between, against the float32 skinny
 kernel's 19-29 ms at 1 to 9 rows and XLA's float32 product's 24-38 ms at 1
-to 9 rows and 40-56 ms at 12 to 20. Past 20 rows XLA's float32 matmul is as
-fast (62 against 75 ms at 32, 256-bit path), hence MAX_ROWS.
+to 9 rows and 40-56 ms at 12 to 20. With every matrix of the 270M in int8
+forms (the same Xeon, later that day; benchmarks/skinny_matmul.py
+--rows=20,24,32,48,64), the head at 20 / 24 / 32 / 48 rows took 0.69 / 0.71 /
+1.07 / 1.23 of XLA's float32 time and the 18 layers' products 0.72 / 0.80 /
+0.76 / 0.99: the kernel's multiply-adds bound it there, and XLA's matmul does
+them faster from 32 rows. Hence MAX_ROWS = 24 (a verify call over 3 positions
+at batch 8, 6 at batch 4).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ Array = jax.Array
 KERNEL = 'q8_matmul'
 TARGET = 'specjax_q8_matmul_f32'
 OFFSET_TARGET = 'specjax_q8_offset_matmul_f32'  # w = q * scale - offset
-MAX_ROWS = 20
+MAX_ROWS = 24
 BLOCK_SIZES = (16, 32)  # weights per scale, each a build of the kernel's loops
 
 

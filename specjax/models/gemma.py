@@ -28,7 +28,7 @@ it reads only the cache slots some query may see, on every thread. Where the
 params carry a matrix's int8 form (`q8_weights`: the embedded 270M's GGUF
 stores its head as Q8_0, its q, k, gate and up projections as Q5_0 and its o
 and down projections as Q4_K and Q6_K, all exact in int8 blocks), its
-products of 1 to 20 rows read that (`cpu_kernels/q8_matmul`): about a quarter
+products of 1 to 24 rows read that (`cpu_kernels/q8_matmul`): about a quarter
 of the bytes for the same weights. Norm
 `scale`s hold the full multiplier (Gemma's 1 + w), as GGUF files do.
 
@@ -418,7 +418,7 @@ def head_logits(x_BxRxD: Array, table_VxD: Array,
   """x @ table.T in float32 for a vocabulary-sized table: the head's product.
 
   `q8` is the same table as int8 values and float32 scales (`q8_weights`): on CPU
-  1 to 20 rows then take the Q8_0 kernel, which reads a quarter of the bytes
+  1 to 24 rows then take the Q8_0 kernel, which reads a quarter of the bytes
   and gives the skinny-matmul kernel's bits (on the 2-core Xeon of 5 December
   2026, the 270M's head at 1 / 5 / 9 rows: 5.4-6.0 / 9.5-10.0 / 13.8-16.0 ms
   against XLA's 24-33 at one row and the float32 kernel's 22-29 / 28-31 at 5 /

@@ -71,10 +71,9 @@ def make(model: LanguageModel, params, settings: Settings = Settings(),
   those token ids (the rows of its own tied table)."""
   cfg = model.config
   ids = draft_vocab.checked_ids(vocab_ids_N, cfg.vocab_size, 'draft model')
+  head_NxD, head_q8 = (None, None) if ids is None else draft_vocab.head_rows(params, ids)
   drafter_params = {'model': params, 'ids_N': None if ids is None else jnp.asarray(ids),
-                    'head_NxD': None if ids is None else draft_vocab.reduced_head(
-                        params['embedding_VxD'], jnp.asarray(ids)),
-                    'head_q8': None if ids is None else draft_vocab.head_form(params, ids)}
+                    'head_NxD': head_NxD, 'head_q8': head_q8}
 
   def forward_at(params, tokens_BxT, positions_BxT, cache, index_BxR, tree_mask=None):
     """The new cache and the logits at positions `index_BxR` of the call, over the

@@ -183,6 +183,14 @@ def head_form(target_params, ids_N) -> tuple[Array, Array] | None:
   return jnp.take(q_VxD, ids_N, axis=0), jnp.take(scale_VxB, ids_N, axis=0)
 
 
+def head_rows(target_params, ids_N) -> tuple[Array, tuple[Array, Array] | None]:
+  """(float32 rows, their int8 form or None) of the tied table a draft head scores: rows
+  `ids_N`, or the whole table for None."""
+  table_VxD = target_params['embedding_VxD']
+  rows_NxD = table_VxD if ids_N is None else reduced_head(table_VxD, ids_N)
+  return rows_NxD, head_form(target_params, ids_N)
+
+
 def head_logits(head_NxD: Array, hidden_BxD: Array, config: GemmaConfig,
                 head_q8: tuple[Array, Array] | None = None) -> Array:
   """Float32 logits over the subset, soft-capped as the full head is; `head_q8`: the

@@ -101,17 +101,16 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
   if target_params is None:
     raise ValueError('the eagle drafter needs the target params to gather its head from')
   ids = draft_vocab.checked_ids(vocab_ids_N, cfg.vocab_size, 'eagle draft')
+  # A draft vocabulary's rows are gathered once here; the full table is read where it is.
+  head_NxD, head_q8 = (None, None) if ids is None else draft_vocab.head_rows(target_params, ids)
   params = {'net': jax.tree.map(jnp.asarray, dict(net)),
             'ids_N': None if ids is None else jnp.asarray(ids),
-            'head_NxD': None if ids is None
-                        else draft_vocab.reduced_head(target_params['embedding_VxD'],
-                                                      jnp.asarray(ids)),
-            'head_q8': None if ids is None else draft_vocab.head_form(target_params, ids)}
+            'head_NxD': head_NxD, 'head_q8': head_q8}
 
   def head(params, target_params):
     """(float32 rows, their int8 form or None) of the draft head."""
     if params['head_NxD'] is None:
-      return target_params['embedding_VxD'], draft_vocab.head_form(target_params, None)
+      return draft_vocab.head_rows(target_params, None)
     return params['head_NxD'], params['head_q8']
   window = {-1: trained_length, 0: None}.get(settings.window, settings.window)
   if window is not None and window < MIN_WINDOW:

@@ -109,19 +109,17 @@ def make(target: LanguageModel, heads: dict[str, Any], settings: Settings = Sett
     raise ValueError(f'medusa heads are {width} wide but the target is {cfg.embed_dim}: '
                      'they were trained for another target')
   ids = draft_vocab.checked_ids(vocab_ids_N, cfg.vocab_size, 'medusa draft')
+  head_NxD, head_q8 = (None, None) if ids is None or target_params is None else \
+      draft_vocab.head_rows(target_params, ids)
   params = {'heads': jax.tree.map(jnp.asarray, heads),
             'vocab_ids_N': None if ids is None else jnp.asarray(ids),
-            'head_NxD': None if ids is None or target_params is None
-                        else head_matrix(target_params, jnp.asarray(ids)),
-            'head_q8': None if ids is None or target_params is None
-                       else draft_vocab.head_form(target_params, ids)}
+            'head_NxD': head_NxD, 'head_q8': head_q8}
 
   def head(params, target_params):
     """(float32 rows, their int8 form or None) of the draft head."""
     if params['head_NxD'] is not None:
       return params['head_NxD'], params['head_q8']
-    return (head_matrix(target_params, params['vocab_ids_N']),
-            draft_vocab.head_form(target_params, params['vocab_ids_N']))
+    return draft_vocab.head_rows(target_params, params['vocab_ids_N'])
 
   def init(*, params, target: base.TargetView):
     del params

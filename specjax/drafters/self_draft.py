@@ -39,8 +39,8 @@ def head_params(vocab: draft_vocab_lib.DraftVocab | None, target_params, setting
     raise ValueError(f'config.{setting} needs the target params to gather its head from '
                      '(make_drafter(..., target_params=...))')
   ids_N = jnp.asarray(vocab.ids_N, jnp.int32)
-  return dict(head_NxD=draft_vocab_lib.reduced_head(target_params['embedding_VxD'], ids_N),
-              head_q8=draft_vocab_lib.head_form(target_params, ids_N), ids_N=ids_N)
+  head_NxD, head_q8 = draft_vocab_lib.head_rows(target_params, ids_N)
+  return dict(head_NxD=head_NxD, head_q8=head_q8, ids_N=ids_N)
 
 
 def make(target: LanguageModel, *, name: str, num_layers: int | None = None,

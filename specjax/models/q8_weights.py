@@ -210,7 +210,7 @@ def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
   # The small matrices a thread each (the head's chunks are split on every core by `split`).
   with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
     forms = list(pool.map(lambda m: split(m[2]) if m[3] else None, matrices))
-  out = dict(tree)
+  out, copied = dict(tree), {()}
   for (path, name, value, _), form in zip(matrices, forms):
     nbytes = np.dtype(value.dtype).itemsize * int(np.prod(np.shape(value)))
     if form is not None and name in SPLIT_BY_INPUT and form.scale.shape[1] % model_shards:
@@ -220,8 +220,10 @@ def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
       counts['bytes kept'] += nbytes
       continue
     node = out
-    for key in path:
-      node[key] = dict(node[key])  # a copy: the caller's tree is left as it was
+    for depth, key in enumerate(path):
+      if path[:depth + 1] not in copied:  # a copy, once: the caller's tree is left as it was
+        node[key] = dict(node[key])
+        copied.add(path[:depth + 1])
       node = node[key]
     counts['bytes split'] += nbytes
     node[name + Q8_SUFFIX], node[name + SCALE_SUFFIX] = form.q, form.scale

@@ -597,3 +597,63 @@ def test_load_checkpoint_picks_the_loader(tiny, tmp_path):
     checkpoints.load_checkpoint('embedded:gemma9')
   shutil.rmtree(tmp_path / 'cache')
 
+
+
+# --- Arrays derived from a checkpoint (the int8 forms) ---------------------------------------
+
+def test_derived_arrays_are_made_once_then_read_back(tmp_path, caplog):
+  cache, made = tmp_path / 'cache', []
+  arrays = {'a.b_q8': np.arange(-64, 64, dtype=np.int8).reshape(2, 64),
+            'a.b_q8scale': np.linspace(0.5, 1.0, 4, dtype=np.float32).reshape(2, 2)}
+
+  def make():
+    made.append(1)
+    return arrays
+
+  first = weight_cache.derived_arrays('forms', 1, 'abc', make, cache)
+  again = weight_cache.derived_arrays('forms', 1, 'abc', make, cache)
+  assert len(made) == 1
+  assert all(isinstance(x, np.memmap) for x in again.values())
+  for got in (first, again):
+    assert sorted(got) == sorted(arrays)
+    for name, value in arrays.items():
+      assert got[name].dtype == value.dtype and np.array_equal(got[name], value)
+  weight_cache.derived_arrays('forms', 2, 'abc', make, cache)    # another way of making them
+  weight_cache.derived_arrays('forms', 1, 'abd', make, cache)    # from another checkpoint
+  assert len(made) == 3
+  # Damaged in place: the digests catch it and the entry is made again.
+  leaf = weight_cache.derived_dir('forms', 1, 'abc', cache) / 'arrays' / 'a.b_q8.npy'
+  with leaf.open('r+b') as f:
+    f.seek(leaf.stat().st_size - 8)
+    f.write(b'\x7f' * 8)
+  got = weight_cache.derived_arrays('forms', 1, 'abc', make, cache)
+  assert len(made) == 4 and 'a.b_q8.npy does not match the digest' in caplog.text
+  assert np.array_equal(got['a.b_q8'], arrays['a.b_q8'])
+  with pytest.raises(ValueError, match='plain file names'):
+    weight_cache.derived_arrays('forms', 1, 'xyz', lambda: {'../up': arrays['a.b_q8']}, cache)
+
+
+def test_the_loader_splits_a_checkpoint_once(tiny, tmp_path, monkeypatch):
+  """The int8 forms of a GGUF's matrices are kept beside its weights: a second load reads
+  them back instead of splitting, and serves the same params."""
+  from specjax.experiments import loading
+  from specjax.models import q8_weights
+  if not q8_weights.serves():
+    pytest.fail('the q8_matmul kernel did not build')
+  config, params = tiny
+  path = tmp_path / 'tiny.gguf'
+  write_gguf(path, config, params, MIXED_TYPES)
+  monkeypatch.setenv(weight_cache.CACHE_DIR_ENV, str(tmp_path / 'cache'))
+  loading._load.cache_clear()
+  _, first = loading._load(str(path), 0, 1, 1)
+  assert q8_weights.HEAD_FORM in first   # token_embd is Q8_0
+  entries = [p.name for p in (tmp_path / 'cache').iterdir() if p.name.startswith('q8forms-')]
+  assert entries == [f'q8forms-v{loading.Q8_FORMS_VERSION}-{weight_cache.file_sha256(path)}']
+  loading._load.cache_clear()
+  monkeypatch.setattr(q8_weights, 'split', lambda *a: pytest.fail('split again'))
+  _, second = loading._load(str(path), 0, 1, 1)
+  loading._load.cache_clear()
+  flat_first, flat_second = param_tree.flatten(first), param_tree.flatten(second)
+  assert sorted(flat_first) == sorted(flat_second)
+  for name, value in flat_first.items():
+    assert np.array_equal(np.asarray(value), np.asarray(flat_second[name])), name

@@ -124,6 +124,41 @@ def test_the_int8_forms_are_added_beside_the_matrices_that_split():
     sharding.param_specs(with_q8, cfg, 4)
 
 
+def _flat(tree, prefix=''):
+  out = {}
+  for key, value in tree.items():
+    out.update(_flat(value, f'{prefix}{key}.') if isinstance(value, dict)
+               else {prefix + key: value})
+  return out
+
+
+@pytest.mark.parametrize('model_shards', [1, 4])
+def test_stored_forms_give_the_params_a_fresh_split_gives(model_shards, monkeypatch):
+  cfg, params, _ = _gguf_like_tiny()
+  forms = q8_weights.all_forms(params)
+  assert {k for k in forms if k.endswith('_q8offset')} == {
+      f'layer_{i}.attn.o_DxNH_q8offset' for i in range(cfg.num_layers)}
+  fresh = _flat(q8_weights.with_q8_weights(params, model_shards=model_shards))
+  monkeypatch.setattr(q8_weights, 'split', lambda *a: pytest.fail('split again'))
+  stored = _flat(q8_weights.with_q8_weights(params, model_shards=model_shards, forms=forms))
+  assert sorted(stored) == sorted(fresh)
+  for key in fresh:
+    assert np.array_equal(stored[key], fresh[key]), key
+  head_only = q8_weights.with_q8_weights(params, ('embedding_VxD',), forms=forms)
+  assert head_only['layer_0'] == params['layer_0'] and q8_weights.HEAD_FORM in head_only
+
+
+def test_forms_of_another_checkpoint_are_refused():
+  _, params, _ = _gguf_like_tiny()
+  _, other, _ = _gguf_like_tiny(embed_dim=64, hidden_dim=128)
+  with pytest.raises(ValueError, match=r"stored int8 form '\S+' \(shape .*another checkpoint"):
+    q8_weights.with_q8_weights(params, forms=q8_weights.all_forms(other))
+  forms = q8_weights.all_forms(params)
+  with pytest.raises(ValueError, match="'layer_99.attn.q_NHxD_q8'.*belongs to no matrix"):
+    q8_weights.with_q8_weights(params, forms={**forms, 'layer_99.attn.q_NHxD_q8': forms[
+        'layer_0.attn.q_NHxD_q8']})
+
+
 @pytest.mark.parametrize('length', [1, 2, 5, 9, 16, 24, 25])
 def test_the_model_gives_the_same_logits_and_cache_from_the_int8_forms(length):
   # 2 to 15 rows: the float32 path is the skinny kernel, so everything is the same bits;

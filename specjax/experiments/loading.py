@@ -38,12 +38,29 @@ def load(config: ExperimentConfig):
 
 @functools.lru_cache(maxsize=1)
 def _load(model: str, seed: int, mesh_data: int, mesh_model: int):
+  forms = None
   if model == TINY_RANDOM:
     model_config, params, _ = tiny.load(seed)
   else:
     model_config, params = checkpoints.load_checkpoint(model)
+    forms = cached_forms(model, params)
   mesh = sharding.make_mesh(mesh_data, mesh_model) if mesh_data * mesh_model > 1 else None
-  return _place(model_config, params, mesh)
+  return _place(model_config, params, mesh, forms)
+
+
+# Bump when what `q8_weights.all_forms` stores changes.
+Q8_FORMS_VERSION = 1
+
+
+def cached_forms(model: str, params):
+  """The int8 forms of a checkpoint's matrices, split once and kept in the weight cache
+  (`weight_cache.derived_arrays`), or None where no form would serve."""
+  if not q8_weights.serves():
+    return None
+  from specjax.checkpoints import weight_cache  # pylint: disable=g-import-not-at-top
+  return weight_cache.derived_arrays('q8forms', Q8_FORMS_VERSION,
+                                     checkpoints.content_digest(model),
+                                     lambda: q8_weights.all_forms(params))
 
 
 def tokenizer(config: ExperimentConfig):
@@ -90,7 +107,8 @@ def load_draft_model(config: ExperimentConfig, target: language_model.LanguageMo
   from specjax.checkpoints import drafter_io  # pylint: disable=g-import-not-at-top
   path = draft_model_path(config.draft_model['checkpoint'])
   if not os.path.isfile(os.path.join(path, drafter_io.MANIFEST)):
-    return _place(*checkpoints.load_checkpoint(path), target.mesh)
+    model_config, params = checkpoints.load_checkpoint(path)
+    return _place(model_config, params, target.mesh, cached_forms(path, params))
   from specjax.training import distilled_objective  # pylint: disable=g-import-not-at-top
   sha = '' if config.model == TINY_RANDOM else checkpoints.content_digest(config.model)
   weights, vocab_ids, manifest = drafter_io.load_drafter(
@@ -120,10 +138,10 @@ def load_trained_drafter(config: ExperimentConfig, target: language_model.Langua
                                  target=drafter_io.target_signature(target.config, sha))
 
 
-def _place(model_config, params, mesh):
+def _place(model_config, params, mesh, forms=None):
   # int8 blocks read where a matrix is exactly that
   params = q8_weights.with_q8_weights(
-      params, model_shards=1 if mesh is None else mesh.shape['model'])
+      params, model_shards=1 if mesh is None else mesh.shape['model'], forms=forms)
   if mesh is None:  # One shared instance per config, so jit caches hit across runs.
     return language_model.single_device(model_config), params
   model = language_model.LanguageModel(model_config, mesh)

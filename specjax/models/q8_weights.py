@@ -204,12 +204,66 @@ def _matrices(tree: dict[str, Any], names: tuple[str, ...], path=()):
       yield path, name, value, name in names and name + Q8_SUFFIX not in tree
 
 
-def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
-                counts: dict[str, int]) -> dict[str, Any]:
-  matrices = list(_matrices(tree, names))
-  # The small matrices a thread each (the head's chunks are split on every core by `split`).
+def _leaf_name(path: tuple[str, ...], name: str) -> str:
+  """A matrix's dotted leaf name ('layer_0.attn.q_NHxD'), as checkpoints spell it."""
+  return '.'.join(path + (name,))
+
+
+def _stored_form(forms: dict[str, np.ndarray], path: tuple[str, ...], name: str) -> Form | None:
+  leaf = _leaf_name(path, name)
+  if leaf + Q8_SUFFIX not in forms:
+    return None
+  return Form(forms[leaf + Q8_SUFFIX], forms[leaf + SCALE_SUFFIX],
+              forms.get(leaf + OFFSET_SUFFIX))
+
+
+def _check_stored(params: dict[str, Any], forms: dict[str, np.ndarray]) -> None:
+  """Stored forms must belong to these params: each names a matrix and has its shape."""
+  matrices = {_leaf_name(path, name): value for path, name, value, _ in
+              _matrices(params, SPLITTABLE)}
+  for key, part in forms.items():
+    leaf, suffix = next(((key[:-len(s)], s) for s in FORM_SUFFIXES if key.endswith(s)),
+                        (key, ''))
+    matrix = matrices.get(leaf)
+    rows_cols = None if matrix is None else np.shape(matrix)
+    ok = (matrix is not None and suffix and np.shape(part)[0] == rows_cols[0]
+          and (np.shape(part) == rows_cols if suffix == Q8_SUFFIX
+               else np.ndim(part) == 2 and rows_cols[1] % max(np.shape(part)[1], 1) == 0))
+    if not ok:
+      raise ValueError(f'stored int8 form {key!r} (shape {np.shape(part)}) belongs to no '
+                       f'matrix of these params: the forms were made for another checkpoint')
+
+
+def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
+              ) -> dict[str, np.ndarray]:
+  """The form of every matrix named in `names` that splits, flat: dotted leaf name plus
+  suffix -> array (what `with_q8_weights(forms=)` takes; a matrix absent has no form).
+  The loader keeps them in the weight cache (`weight_cache.derived_arrays`): splitting the
+  270M takes 2.1 s, reading them back 0.3 s."""
+  matrices = [m for m in _matrices(params, tuple(names)) if m[3]]
   with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-    forms = list(pool.map(lambda m: split(m[2]) if m[3] else None, matrices))
+    forms = list(pool.map(lambda m: split(m[2]), matrices))
+  flat = {}
+  for (path, name, _, _), form in zip(matrices, forms):
+    if form is None:
+      continue
+    for suffix, part in zip(FORM_SUFFIXES, form):
+      if part is not None:
+        flat[_leaf_name(path, name) + suffix] = part
+  return flat
+
+
+def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
+                counts: dict[str, int], stored: dict[str, np.ndarray] | None
+                ) -> dict[str, Any]:
+  matrices = list(_matrices(tree, names))
+  if stored is not None:
+    forms = [_stored_form(stored, path, name) if wanted else None
+             for path, name, _, wanted in matrices]
+  else:
+    # The small matrices a thread each (the head's chunks are split on every core by `split`).
+    with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+      forms = list(pool.map(lambda m: split(m[2]) if m[3] else None, matrices))
   out, copied = dict(tree), {()}
   for (path, name, value, _), form in zip(matrices, forms):
     nbytes = np.dtype(value.dtype).itemsize * int(np.prod(np.shape(value)))
@@ -234,18 +288,28 @@ def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
   return out
 
 
+def serves() -> bool:
+  """Whether int8 forms serve this run: on CPU, with the kernel built."""
+  return jax.default_backend() == 'cpu' and q8_matmul.available()
+
+
 def with_q8_weights(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE,
-                    model_shards: int = 1) -> dict[str, Any]:
+                    model_shards: int = 1, forms: dict[str, np.ndarray] | None = None
+                    ) -> dict[str, Any]:
   """`params` with the int8 form of every matrix named in `names` (of SPLITTABLE) added where
   it serves (see the module doc), else `params` itself. `model_shards`: the size of the
   mesh's 'model' axis the params will be split over; a matrix split by its input whose
-  blocks a row do not divide by it keeps its float32 form alone."""
+  blocks a row do not divide by it keeps its float32 form alone. `forms`: what
+  `all_forms(params)` gave for these same params (kept in a cache), used instead of
+  splitting again; each form's shape is checked against its matrix."""
   if set(names) - set(SPLITTABLE):
     raise ValueError(f'only {SPLITTABLE} are split, not {sorted(set(names) - set(SPLITTABLE))}')
-  if jax.default_backend() != 'cpu' or not q8_matmul.available():
+  if not serves():
     return params
   counts = {'split': 0, 'bytes split': 0, 'bytes kept': 0, 'q8 bytes': 0, 'unsharded': 0}
-  out = _with_forms(params, tuple(names), model_shards, counts)
+  if forms is not None:
+    _check_stored(params, forms)
+  out = _with_forms(params, tuple(names), model_shards, counts, forms)
   if counts['unsharded']:
     logging.info('%d matrices split by their input stay float32: their blocks do not divide '
                  'over %d model shards', counts['unsharded'], model_shards)

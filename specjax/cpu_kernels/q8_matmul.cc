@@ -36,6 +36,7 @@
 #endif
 
 #include "pool_work.h"
+#include "q8_blocks.h"
 #include "vector_math.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -48,47 +49,13 @@ using specjax::kLanes;
 using specjax::load8;
 using specjax::madd;
 using specjax::sum_lanes;
-
-// A matrix as int8 blocks (see the top of the file).
-struct Blocks {
-  const int8_t* q;       // [O, I]
-  const float* scale;    // [O, I / B]
-  const float* offset;   // [O, I / B], or null
-  int64_t per_row;       // I / B
-};
+using specjax::Blocks;
+using specjax::dequant8;
 
 // The block sizes built: log2(B) for B = 16 and 32. A block size is a template
 // argument, not a variable: with the loop over a block's weights of unknown
 // length the head at one row took twice as long (10.4 against 4.8 ms).
 constexpr int kShifts[] = {4, 5};
-
-// Weights [i, i + 8) of a row, as float32: q * scale, or q * scale - offset in
-// one rounding, exact (see above). On x86 one sign-extending load and one
-// conversion (GCC's generic vector conversion compiles to eight scalar ones
-// there, 2.4x slower at one row).
-template <bool kOffset>
-inline f32x8 dequant8(const int8_t* q_i, float scale, float offset) {
-#if defined(__AVX2__)
-  const __m256 q = _mm256_cvtepi32_ps(
-      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q_i))));
-  if constexpr (!kOffset) {
-    return reinterpret_cast<f32x8>(_mm256_mul_ps(q, _mm256_set1_ps(scale)));
-  }
-#if defined(__FMA__)
-  return reinterpret_cast<f32x8>(
-      _mm256_fmsub_ps(q, _mm256_set1_ps(scale), _mm256_set1_ps(offset)));
-#else
-  return reinterpret_cast<f32x8>(
-      _mm256_sub_ps(_mm256_mul_ps(q, _mm256_set1_ps(scale)), _mm256_set1_ps(offset)));
-#endif
-#else
-  typedef int8_t i8x8 __attribute__((vector_size(8)));
-  i8x8 q;
-  __builtin_memcpy(&q, q_i, sizeof(q));
-  if constexpr (kOffset) return __builtin_convertvector(q, f32x8) * scale - offset;
-  return __builtin_convertvector(q, f32x8) * scale;
-#endif
-}
 
 // How far ahead the reads of q are requested, in bytes (as skinny_matmul's 64
 // KiB of float32 weights), and of the scales (and offsets), a quarter of that.

@@ -1,0 +1,84 @@
+"""The argmax of a tied head's logits, from its int8 blocks, without the logits: greedy's token.
+
+Greedy decoding and greedy verification need, at each scored position, only
+the index of the largest logit. `q8_argmax.cc` finds it exactly (the first
+index of the maximum of `q8_matmul`'s product, and that maximum, bit for bit)
+in two passes: integer dot products against int8-rounded activations, with a
+rigorous bound on their error, leave a handful of candidate rows; only those
+get the exact float32 sum. The first pass is 64 int8 products an instruction
+(AVX-512 VNNI) where `q8_matmul` does 16 float32 ones, so at 5 or 9 positions
+the head costs about what reading it once does. See the .cc file for the bound.
+
+The head needs a second layout for it (`tile_form`, made at load beside the
+form: the same 168 MB for the 270M, plus its scales again and a float a row).
+`applies` says whether a call can take it: the CPU backend, float32 x, 1 to
+MAX_ROWS rows, and a build with AVX-512 VNNI (`available`). Elsewhere callers
+take the logits and their argmax, which give the same token.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.cpu_kernels import build
+
+Array = jax.Array
+
+KERNEL = 'q8_argmax'
+TARGET = 'specjax_q8_argmax_f32'
+SUPPORTED_TARGET = 'specjax_q8_argmax_supported'
+TILE = 16        # head rows per tile
+MAX_ROWS = 64    # positions a call scores (a verify call over 9 at batch 4 is 36)
+
+
+@functools.cache
+def available() -> bool:
+  """Whether the kernel is built, registered and has its fast path (AVX-512 VNNI)."""
+  if jax.default_backend() != 'cpu' or not build.load(KERNEL, (TARGET, SUPPORTED_TARGET)):
+    return False
+  call = jax.ffi.ffi_call(SUPPORTED_TARGET, jax.ShapeDtypeStruct((), jnp.int32))
+  with jax.ensure_compile_time_eval():   # a value now, even when first asked inside a trace
+    return bool(call())
+
+
+def applies(num_rows: int, x: Array) -> bool:
+  return (jax.default_backend() == 'cpu' and 1 <= num_rows <= MAX_ROWS
+          and x.dtype == jnp.float32 and available())
+
+
+def tile_form(q_OxI: np.ndarray, scale_OxB: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+  """(tiles uint8 [O / 16, I * 16], tile_scale float32 [O / 16, I / B * 16], l1max float32
+  [O / 16, 16]) of a head's int8 form (no offset), or None where O is not a multiple of 16."""
+  q_OxI, scale_OxB = np.asarray(q_OxI), np.asarray(scale_OxB, np.float32)
+  o, i = q_OxI.shape
+  blocks = scale_OxB.shape[1]
+  if o % TILE or i % 4 or i % blocks:
+    return None
+  t = o // TILE
+  # [T, 16, I/4, 4] -> [T, I/4, 16, 4], as unsigned q + 128.
+  tiles = (q_OxI.reshape(t, TILE, i // 4, 4).transpose(0, 2, 1, 3).astype(np.int16) + 128
+           ).astype(np.uint8).reshape(t, i * TILE)
+  tile_scale = scale_OxB.reshape(t, TILE, blocks).transpose(0, 2, 1).reshape(t, blocks * TILE)
+  abs_sums = np.abs(q_OxI.reshape(o, blocks, i // blocks).astype(np.int32)).sum(-1)
+  l1_OxB = abs_sums.astype(np.float64) * scale_OxB
+  # Rounded up into float32, so the bound stays a bound.
+  l1max = np.nextafter(l1_OxB.max(axis=1).astype(np.float32), np.float32(np.inf))
+  return tiles, np.ascontiguousarray(tile_scale), l1max.reshape(t, TILE)
+
+
+def head_argmax(x_NxI: Array, tiles: Array, tile_scale: Array, l1max: Array, q_OxI: Array,
+                scale_OxB: Array) -> tuple[Array, Array]:
+  """(int32 [N] index, float32 [N] value) of each row's largest logit x @ w.T, w the head
+  given as its int8 form (q, scale) and that form's `tile_form`."""
+  if not available():
+    raise RuntimeError('the q8_argmax kernel is not available here (needs the CPU backend and '
+                       'a build with AVX-512 VNNI): check `applies` first')
+  n = x_NxI.shape[0]
+  call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((n,), jnp.int32),
+                                   jax.ShapeDtypeStruct((n,), jnp.float32)))
+  return call(x_NxI, tiles, tile_scale, l1max, q_OxI, scale_OxB)

@@ -1,0 +1,117 @@
+"""The head's argmax from its int8 blocks: the same index and value as q8_matmul's logits, always."""
+
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.cpu_kernels import build
+from specjax.cpu_kernels import q8_argmax
+from specjax.cpu_kernels import q8_matmul
+
+
+def _has_vnni_build() -> bool:
+  flags = set()
+  for line in Path('/proc/cpuinfo').read_text().splitlines():
+    if line.startswith('flags'):
+      flags = set(line.split(':', 1)[1].split())
+      break
+  native = os.environ.get(build.MARCH_ENV, '').strip() in ('', 'native')
+  return native and {'avx512_vnni', 'avx512bw', 'avx512f'} <= flags and build.enabled()
+
+
+def test_available_exactly_where_the_cpu_has_avx512_vnni():
+  """Here the fast path must be built; where the CPU lacks VNNI, callers must be told no."""
+  assert q8_argmax.available() == _has_vnni_build()
+
+
+needs_kernel = pytest.mark.skipif(not _has_vnni_build(), reason='covered by the test above')
+
+
+def _head(rng, out, inner, block=32, spread=1.0):
+  q = rng.integers(-127, 128, size=(out, inner)).astype(np.int8)
+  scale = (rng.uniform(0.5, 2.0, size=(out, inner // block)) * 1e-3 * spread).astype(np.float32)
+  return q, scale
+
+
+def _both(x, q, scale):
+  tiles = q8_argmax.tile_form(q, scale)
+  got_i, got_v = jax.jit(q8_argmax.head_argmax)(jnp.asarray(x), *tiles, q, scale)
+  logits = np.asarray(jax.jit(q8_matmul.q8_matmul)(jnp.asarray(x), q, scale))
+  want_i = np.asarray(jnp.argmax(jnp.asarray(logits), axis=-1))
+  return np.asarray(got_i), np.asarray(got_v), want_i, logits[np.arange(len(x)), want_i]
+
+
+@needs_kernel
+@pytest.mark.parametrize('rows,out,inner,block', [
+    (1, 4096, 640, 32), (5, 4096, 640, 32), (9, 1024, 640, 16), (13, 512, 64, 32),
+    (20, 2048, 640, 32), (36, 256, 128, 16), (64, 1024, 640, 32)])
+def test_the_index_and_value_of_q8_matmuls_maximum(rows, out, inner, block):
+  rng = np.random.default_rng(rows * out + inner)
+  q, scale = _head(rng, out, inner, block)
+  x = rng.normal(size=(rows, inner)).astype(np.float32)
+  x[:, rng.integers(0, inner, size=3)] *= 40.0     # a few large features, as Gemma's have
+  got_i, got_v, want_i, want_v = _both(x, q, scale)
+  assert np.array_equal(got_i, want_i)
+  assert np.array_equal(got_v, want_v)            # the same float32 bits
+
+
+@needs_kernel
+def test_ties_and_near_ties_give_the_first_index():
+  rng = np.random.default_rng(1)
+  q, scale = _head(rng, 1024, 640)
+  x = rng.normal(size=(6, 640)).astype(np.float32)
+  logits = np.asarray(q8_matmul.q8_matmul(jnp.asarray(x), q, scale))
+  best = logits.argmax(1)
+  for n in range(len(x)):   # copy each row's best head row to two places, one before it
+    for o in (best[n] // 3, best[n] + 1 if best[n] + 1 < 1024 else 0):
+      q[o], scale[o] = q[best[n]], scale[best[n]]
+  # and one row a single step of q away from row 7's copy, where x is smallest
+  i = int(np.abs(x[0]).argmin())
+  q[7], scale[7] = q[best[0]], scale[best[0]]
+  q[7, i] = q[7, i] + (1 if q[7, i] < 127 else -1)
+  got_i, got_v, want_i, want_v = _both(x, q, scale)
+  assert np.array_equal(got_i, want_i) and np.array_equal(got_v, want_v)
+  assert all(got_i[n] <= best[n] // 3 for n in range(len(x)))   # the first of the tied rows
+
+
+@needs_kernel
+def test_every_row_a_candidate_and_rows_that_are_not_finite():
+  """x = 0 makes every logit 0 (index 0 after all 2048 are candidates); NaN and inf take every
+  logit, as jnp.argmax over the logits does (the first NaN wins)."""
+  rng = np.random.default_rng(2)
+  q, scale = _head(rng, 2048, 640)
+  x = rng.normal(size=(5, 640)).astype(np.float32)
+  x[0] = 0.0
+  x[1, 3] = np.nan
+  x[2, 10] = np.inf
+  x[3, :] = 1e-30       # tiny inputs: steps far below a float16's
+  got_i, got_v, want_i, want_v = _both(x, q, scale)
+  assert np.array_equal(got_i, want_i)
+  assert np.array_equal(got_v, want_v, equal_nan=True)
+  assert got_i[0] == 0 and np.isnan(got_v[1])
+
+
+@needs_kernel
+def test_bad_operands_are_named():
+  rng = np.random.default_rng(3)
+  q, scale = _head(rng, 64, 64)
+  tiles = q8_argmax.tile_form(q, scale)
+  with pytest.raises(Exception, match='q8_argmax: expected'):
+    q8_argmax.head_argmax(jnp.ones((2, 32), jnp.float32), *tiles, q, scale)
+  assert q8_argmax.tile_form(q[:40], scale[:40]) is None    # rows not a multiple of 16
+
+
+def test_the_tile_form_holds_the_head():
+  rng = np.random.default_rng(4)
+  q, scale = _head(rng, 48, 64, block=16)
+  tiles, tile_scale, l1max = q8_argmax.tile_form(q, scale)
+  assert tiles.shape == (3, 64 * 16) and tiles.dtype == np.uint8
+  back = (tiles.reshape(3, 16, 16, 4).astype(np.int16) - 128).transpose(0, 2, 1, 3).reshape(48, 64)
+  assert np.array_equal(back, q)
+  assert np.array_equal(tile_scale.reshape(3, 4, 16).transpose(0, 2, 1).reshape(48, 4), scale)
+  l1 = (np.abs(q.astype(np.float64)).reshape(48, 4, 16).sum(-1) * scale).max(1)
+  assert np.all(l1max.reshape(48) >= l1) and np.allclose(l1max.reshape(48), l1, rtol=1e-6)

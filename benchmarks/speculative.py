@@ -143,7 +143,7 @@ class Methods:
     key = (width, batch, slots)
     if key not in self._seconds:
       self._seconds[key] = step_costs.seconds_per_call(self.model, self.params, width,
-                                                       batch=batch, num_slots=slots)
+                                                       batch=batch, num_slots=slots, greedy=True)
     return self._seconds[key]
 
   def costs(self, buckets, batch, slots):

@@ -20,8 +20,11 @@ the two interleaved so that a machine's drift hits both:
            `cpu_kernels/q8_matmul`) for 1 to 20 rows, a decode step's one
            row included: 189 MB read instead of 671;
   q8       that, and every other matrix that is exactly int8 blocks (the
-           270M's Q5_0 and Q8_0 projections: q, k, v, gate, up) from its
-           int8 form too (what the product runs).
+           270M's Q5_0, Q8_0, Q4_K and Q6_K projections) from its int8 form
+           too (what the product runs for sampled decoding: every logit);
+  q8 greedy  that, for greedy decoding: each position's argmax from the
+           head's argmax kernel (`cpu_kernels/q8_argmax`), no logits (what
+           the product runs for greedy decoding).
 
 The rows sit halfway through the cache (`step_costs`), so at 1,024 slots a
 global layer sees about 512 of them.
@@ -82,13 +85,18 @@ SLOTS = flags.DEFINE_integer('num_slots', 512, 'KV cache slots.')
 ROUNDS = flags.DEFINE_integer('rounds', 3, 'Interleaved rounds; each figure is the best.')
 
 # Each form's row limit for the skinny-matmul kernel and new tokens per row for
-# the attention kernel (0: never), both read at trace time, and which matrices
-# the params carry int8 forms of (models/q8_weights).
-FORMS = {'xla': (0, 0, None), 'kernel': (skinny_matmul.MAX_ROWS, 0, None),
-         'kernels': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, None),
-         'q8 head': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, ('embedding_VxD',)),
-         'q8': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, q8_weights.SPLITTABLE)}
-PRODUCT = 'q8'
+# the attention kernel (0: never), both read at trace time, which matrices
+# the params carry int8 forms of (models/q8_weights), and whether the call
+# gives the greedy loop's argmax instead of every logit.
+FORMS = {'xla': (0, 0, None, False), 'kernel': (skinny_matmul.MAX_ROWS, 0, None, False),
+         'kernels': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, None, False),
+         'q8 head': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, ('embedding_VxD',), False),
+         'q8': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, q8_weights.SPLITTABLE, False),
+         'q8 greedy': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, q8_weights.SPLITTABLE,
+                       True)}
+PRODUCT = 'q8 greedy'
+FORM_NAMES = flags.DEFINE_list('forms', list(FORMS), f'Forms to time (of {", ".join(FORMS)}); '
+                               f'{PRODUCT!r} is always one.')
 
 
 _PEAK_ROWS = 64
@@ -106,6 +114,10 @@ def matmul_gflops(table_VxD) -> float:
   return 2 * _PEAK_ROWS * table_VxD.size / timing.best_seconds(head, x_1xNxD, table_VxD) / 1e9
 
 
+def _ratio(a: float, b: float | None) -> str:
+  return '-' if b is None else f'{a / b:.2f}'
+
+
 def main(argv):
   del argv
   print(cpu_info.describe())
@@ -113,22 +125,28 @@ def main(argv):
         f'{SLOTS.value} cache slots')
   config, params = checkpoints.load_checkpoint('embedded:gemma3-270m')
   model, params = LanguageModel(config), jax.device_put(params)
+  global FORMS  # pylint: disable=global-statement
+  unknown = set(FORM_NAMES.value) - set(FORMS)
+  if unknown:
+    raise SystemExit(f'unknown --forms {sorted(unknown)}; known: {", ".join(FORMS)}')
+  FORMS = {f: v for f, v in FORMS.items() if f in FORM_NAMES.value or f == PRODUCT}
   form_params = {form: params if names is None else
                  jax.device_put(q8_weights.with_q8_weights(params, names))
-                 for form, (_, _, names) in FORMS.items()}
+                 for form, (_, _, names, _) in FORMS.items()}
   if q8_weights.HEAD_FORM not in form_params[PRODUCT]:
     raise SystemExit('the head has no int8 form here (no kernel, or not the CPU backend)')
   widths = [int(w) for w in WIDTHS.value]
   batches = [int(b) for b in BATCHES.value]
   best = {}
   for round_index in range(ROUNDS.value):
-    for form, (max_rows, max_queries, _) in FORMS.items():
+    for form, (max_rows, max_queries, _, greedy) in FORMS.items():
       skinny_matmul.MAX_ROWS, attention.MAX_QUERIES = max_rows, max_queries
       jax.clear_caches()   # the kernels' limits are read when a program is traced
       for batch in batches:
         for width in widths:
           seconds = step_costs.seconds_per_call(model, form_params[form], width,
-                                                batch=batch, num_slots=SLOTS.value)
+                                                batch=batch, num_slots=SLOTS.value,
+                                                greedy=greedy)
           key = (batch, width, form)
           best[key] = min(best.get(key, float('inf')), seconds)
     print(f'round {round_index + 1} of {ROUNDS.value} done', flush=True)
@@ -152,7 +170,7 @@ def main(argv):
       product = best[(batch, width, PRODUCT)]
       extra_seconds = batch * (width - 1) * flop_per_position / (gflops * 1e9)
       print(f'| {batch} | {width} | {" | ".join(cells)} | {product / fastest:.2f} | '
-            f'{product / best[(batch, width, "xla")]:.2f} | {1 + extra_seconds / fastest:.2f} |')
+            f'{_ratio(product, best.get((batch, width, "xla")))} | {1 + extra_seconds / fastest:.2f} |')
 
 
 if __name__ == '__main__':

@@ -60,8 +60,7 @@ def param_specs(params, config: GemmaConfig, model_size: int):
     name = path[-1].key
     # A matrix's int8 form (models/q8_weights.py) is split like the matrix; a matrix split
     # by its input (o, down) must leave each shard whole blocks of its scales.
-    for suffix in q8_weights.FORM_SUFFIXES:
-      name = name.removesuffix(suffix)
+    name = q8_weights.base_name(name)
     if name not in rules:
       raise ValueError(f'no sharding rule for parameter {jax.tree_util.keystr(path)}')
     for axis, part in enumerate(rules[name]):

@@ -14,9 +14,11 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
 
 import jax  # noqa: E402  (must follow XLA_FLAGS)
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 from specjax import sharding  # noqa: E402
 from specjax import sampling
+from specjax.cpu_kernels import q8_argmax  # noqa: E402
 from specjax.cpu_kernels import q8_matmul  # noqa: E402
 from specjax.decoding import autoregressive, speculative  # noqa: E402
 from specjax.decoding import tree as tree_lib  # noqa: E402
@@ -107,6 +109,15 @@ def main():
     results[f'forward_q8_model{model_size}'] = [
         float(jnp.abs(logits[0] - logits[1]).max()), q8_matmul.TARGET in program,
         (q8_matmul.OFFSET_TARGET in program) == (model_size == 2)]
+    # Greedy's argmax from the head's argmax kernel, each shard its own rows of the table.
+    greedy_calls = [jax.jit(lambda p, lm=lm: lm.forward(p, tokens, positions, lm.init_cache(4, 16),
+                                                        greedy=True).argmax_BxR)
+                    for lm in (one, q8_many)]
+    results[f'greedy_q8_model{model_size}'] = [
+        np.asarray(greedy_calls[0](q8_params)).tolist(),
+        np.asarray(greedy_calls[1](sharded_q8)).tolist(),
+        np.asarray(jnp.argmax(logits[1], axis=-1)).tolist(),
+        q8_argmax.TARGET in greedy_calls[1].lower(sharded_q8).as_text(), q8_argmax.available()]
     a = speculative.generate(one, q8_params, make_drafter('ngram', target=one), prompts,
                              gamma=3, max_new_tokens=12)
     b = speculative.generate(q8_many, sharded_q8, make_drafter('ngram', target=q8_many), prompts,

@@ -22,6 +22,7 @@ import scipy.stats
 
 from specjax.decoding import acceptance
 from specjax.decoding import autoregressive
+from specjax import argmax as argmax_lib
 from specjax import sampling as sampling_lib
 from specjax.decoding import draft_length
 from specjax.decoding import speculative
@@ -303,7 +304,7 @@ def test_wrong_rule_is_really_patched_in(monkeypatch):
 
   def spy(*args):
     calls.append(1)
-    return acceptance.greedy(args[0], jnp.log(args[2] + 1e-30))
+    return acceptance.greedy(args[0], jnp.argmax(args[2], axis=-1).astype(jnp.int32))
 
   monkeypatch.setattr(acceptance, 'speculative_sampling', spy)
   speculative.generate(TOY, TARGET_TABLE, _fresh_draft_model(), [PROMPT], gamma=2,
@@ -403,7 +404,12 @@ def cases(draw, batch=B):
 
 
 _RULE = jax.jit(acceptance.speculative_sampling)
-_GREEDY = jax.jit(acceptance.greedy)
+
+
+@jax.jit
+def _GREEDY(drafts, logits, num_drafts=None):  # pylint: disable=invalid-name
+  """Greedy acceptance against logits, through their argmax as the loop gives it."""
+  return acceptance.greedy(drafts, argmax_lib.argmax(logits), num_drafts)
 
 
 def _run(p, q, drafts, seed, keys=None):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from specjax import sharding
+from specjax.cpu_kernels import q8_argmax
 from specjax.cpu_kernels import q8_matmul
 from specjax.cpu_kernels import skinny_matmul
 from specjax.decoding import autoregressive, speculative
@@ -101,7 +102,10 @@ def _gguf_like_tiny(seed=0, **overrides):
 
 def test_the_int8_forms_are_added_beside_the_matrices_that_split():
   cfg, params, with_q8 = _gguf_like_tiny()
-  assert sorted(set(with_q8) - set(params)) == ['embedding_VxD_q8', 'embedding_VxD_q8scale']
+  tiles = ([q8_weights.HEAD_L1MAX, q8_weights.HEAD_TILES, q8_weights.HEAD_TILE_SCALE]
+           if q8_argmax.available() else [])   # greedy's argmax without logits (test_q8_argmax)
+  assert sorted(set(with_q8) - set(params)) == sorted(
+      ['embedding_VxD_q8', 'embedding_VxD_q8scale'] + tiles)
   assert sorted(with_q8['layer_0']['attn']) == sorted(
       list(params['layer_0']['attn']) + ['o_DxNH_q8offset']
       + [f'{m}{s}' for m in ('q_NHxD', 'k_KHxD', 'v_KHxD', 'o_DxNH') for s in ('_q8', '_q8scale')])
@@ -180,6 +184,28 @@ def test_the_model_gives_the_same_logits_and_cache_from_the_int8_forms(length):
     for a, b in zip(jax.tree.leaves(plain.cache), jax.tree.leaves(quant.cache)):
       assert np.array_equal(np.asarray(a), np.asarray(b))
   np.testing.assert_allclose(quant.logits_BxRxV, plain.logits_BxRxV, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('batch,length', [(1, 1), (1, 5), (4, 9), (8, 8), (13, 5)])
+def test_a_greedy_forward_gives_the_argmax_of_its_logits(batch, length):
+  """`greedy=True` gives each position's argmax: from the head's argmax kernel, with no
+  logits, up to its row limit (64), else from the logits; the same index either way."""
+  cfg, _, with_q8 = _gguf_like_tiny(seed=5)
+  model = LanguageModel(cfg)
+  rng = np.random.default_rng(batch * length)
+  tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(batch, length)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+  run = jax.jit(lambda p, greedy: model.forward(p, tokens, positions, model.init_cache(batch, 32),
+                                                greedy=greedy), static_argnums=1)
+  full, greedy = run(with_q8, False), run(with_q8, True)
+  assert greedy.argmax_BxR.shape == (batch, length) and greedy.argmax_BxR.dtype == jnp.int32
+  assert np.array_equal(np.asarray(greedy.argmax_BxR),
+                        np.asarray(jnp.argmax(full.logits_BxRxV, axis=-1)))
+  served = q8_argmax.available() and batch * length <= q8_argmax.MAX_ROWS
+  assert (greedy.logits_BxRxV is None) == served
+  assert (f'@{q8_argmax.TARGET}(' in run.lower(with_q8, True).as_text()) == served
+  for a, b in zip(jax.tree.leaves(full.cache), jax.tree.leaves(greedy.cache)):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize('drafter', ['ngram', 'early_exit'])

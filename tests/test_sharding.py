@@ -51,6 +51,14 @@ def test_sharded_forward_from_int8_forms_matches_one_device(sharded_results, mod
   assert max_diff < 1e-4
 
 
+@pytest.mark.parametrize('model_size', [2, 4])
+def test_sharded_greedy_argmax_matches_one_device(sharded_results, model_size):
+  one, many, from_logits, kernel_in_program, available = sharded_results[
+      f'greedy_q8_model{model_size}']
+  assert many == one == from_logits
+  assert kernel_in_program == available   # each shard's argmax, the largest of them kept
+
+
 @pytest.mark.parametrize('drafter', ['ngram', 'early_exit', 'draft_model', 'ngram_tree',
                                      'ngram_q8_model2', 'ngram_q8_model4'])
 def test_sharded_speculative_greedy_matches_one_device(sharded_results, drafter):

@@ -106,7 +106,7 @@ class TableModel:
     return jnp.zeros((batch,), jnp.float32)  # the table needs no cache
 
   def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-              num_layers=None, hidden_layers=(), tree_mask=None):
+              num_layers=None, hidden_layers=(), tree_mask=None, greedy=False):
     del positions_BxT, num_layers, tree_mask  # a bigram model: context and tree shape play no part
     logits_BxTxV = jnp.asarray(params, jnp.float32)[tokens_BxT]
     # The "hidden state" of a bigram model is its current token, as a float.
@@ -114,7 +114,8 @@ class TableModel:
     layer_hidden = jnp.stack([hidden_BxTxD] * len(hidden_layers)) if hidden_layers else None
     if logit_indices_BxR is not None:
       logits_BxTxV = jnp.take_along_axis(logits_BxTxV, logit_indices_BxR[:, :, None], axis=1)
-    return gemma.ForwardOutput(logits_BxTxV, cache, hidden_BxTxD, layer_hidden)
+    return gemma.ForwardOutput(logits_BxTxV, cache, hidden_BxTxD, layer_hidden,
+                               _argmax_if(greedy, logits_BxTxV))
 
 
 @functools.cache
@@ -167,7 +168,7 @@ class HiddenBigram:
     return jnp.zeros((batch,), jnp.float32)
 
   def forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-              num_layers=None, hidden_layers=(), tree_mask=None, logits=True):
+              num_layers=None, hidden_layers=(), tree_mask=None, logits=True, greedy=False):
     del positions_BxT, num_layers, tree_mask  # a bigram: context plays no part
     hidden_BxTxD = params['hidden_VxD'][tokens_BxT]
     if not logits:
@@ -179,7 +180,12 @@ class HiddenBigram:
     # EAGLE drafter has features to read at every layer it asks for.
     layers = (jnp.stack([hidden_BxTxD * (1.0 + i) + 0.1 * i for i in sorted(set(hidden_layers))])
               if hidden_layers else None)
-    return gemma.ForwardOutput(logits, cache, hidden_BxTxD, layers)
+    return gemma.ForwardOutput(logits, cache, hidden_BxTxD, layers, _argmax_if(greedy, logits))
+
+
+def _argmax_if(greedy: bool, logits):
+  """What `ForwardOutput.argmax_BxR` holds for a greedy pass (the first maximum)."""
+  return jnp.argmax(logits, axis=-1).astype(jnp.int32) if greedy else None
 
 
 # --------------------------------------------------------------- toy drafters

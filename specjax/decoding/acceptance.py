@@ -25,7 +25,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax import argmax as argmax_lib
 from specjax import sampling as sampling_lib
 
 Array = jax.Array
@@ -43,10 +42,11 @@ def _allowed(draft_BxG: Array, num_drafts_B: Array | None) -> Array:
   return jnp.arange(gamma)[None, :] < num_drafts_B[:, None]
 
 
-def greedy(draft_BxG: Array, target_logits_BxG1xV: Array,
+def greedy(draft_BxG: Array, target_argmax_BxG1: Array,
            num_drafts_B: Array | None = None) -> tuple[Array, Array]:
-  """Accept while the draft equals the target's argmax; then take the argmax."""
-  argmax_BxG1 = argmax_lib.argmax(target_logits_BxG1xV)
+  """Accept while the draft equals the target's argmax (its greedy token at each position,
+  `ForwardOutput.argmax_BxR`); then take the argmax."""
+  argmax_BxG1 = target_argmax_BxG1
   num_accepted_B = leading_accepts((draft_BxG == argmax_BxG1[:, :-1])
                                    & _allowed(draft_BxG, num_drafts_B))
   next_B = jnp.take_along_axis(argmax_BxG1, num_accepted_B[:, None], axis=1)[:, 0]

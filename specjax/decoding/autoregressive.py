@@ -48,10 +48,14 @@ def decode_step(model, params, keys_B: Array, max_new_B: Array, loop: program_li
   """One target call on each row's pending token, and the token it yields."""
   rows = jnp.arange(state.tokens_BxS.shape[0])
   pending_Bx1 = state.tokens_BxS[rows, state.lengths_B - 1][:, None]
+  greedy = loop.sampling.greedy
   out = model.forward(params, pending_Bx1, (state.lengths_B - 1)[:, None], state.cache,
-                      hidden_layers=hidden_layers)
-  keys = sampling_lib.step_keys(keys_B, state.step + 1, _ACCEPT_STREAM)
-  token_B, _ = sampling_lib.draw(keys, out.logits_BxRxV[:, 0], loop.sampling)
+                      hidden_layers=hidden_layers, greedy=greedy)
+  if greedy:
+    token_B = out.argmax_BxR[:, 0]
+  else:
+    keys = sampling_lib.step_keys(keys_B, state.step + 1, _ACCEPT_STREAM)
+    token_B, _ = sampling_lib.draw(keys, out.logits_BxRxV[:, 0], loop.sampling)
   state, _ = prefill_lib.commit(state, token_B[:, None], jnp.ones_like(token_B), max_new_B,
                                 loop.eos_ids, out.cache)
   return state, out

@@ -45,9 +45,12 @@ def start(model, params, tokens_BxS: Array, lengths_B: Array, max_new_B: Array, 
   positions_BxT = jnp.broadcast_to(jnp.arange(prefill_len, dtype=jnp.int32), (batch, prefill_len))
   out = model.forward(params, tokens_BxS[:, :prefill_len], positions_BxT,
                       model.init_cache(batch, num_slots), (lengths_B - 1)[:, None],
-                      hidden_layers=hidden_layers)
-  first_B, _ = sampling_lib.draw(sampling_lib.step_keys(keys_B, 0), out.logits_BxRxV[:, 0],
-                                 sampling)
+                      hidden_layers=hidden_layers, greedy=sampling.greedy)
+  if sampling.greedy:
+    first_B = out.argmax_BxR[:, 0]
+  else:
+    first_B, _ = sampling_lib.draw(sampling_lib.step_keys(keys_B, 0), out.logits_BxRxV[:, 0],
+                                   sampling)
   tokens_BxS = tokens_BxS.at[jnp.arange(batch), lengths_B].set(first_B)
   num_new_B = jnp.ones_like(lengths_B)
   done_B = ~active_B | is_stop(first_B, eos_ids) | (num_new_B >= max_new_B)

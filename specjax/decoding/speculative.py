@@ -198,10 +198,10 @@ def _call(loop: program_lib.Loop, num_drafts: int, target_params, keys_B, max_ne
     verify_BxN1 = jnp.concatenate([pending_B[:, None], draft_BxN], axis=1)
     positions_BxN1 = decode.lengths_B[:, None] - 1 + jnp.arange(n + 1)[None, :]
     out = target.forward(target_params, verify_BxN1, positions_BxN1, decode.cache,
-                         hidden_layers=drafter.hidden_layers)
+                         hidden_layers=drafter.hidden_layers, greedy=loop.sampling.greedy)
     accept_keys = sampling_lib.step_keys(keys_B, decode.step + 1, _ACCEPT_STREAM)
     if loop.sampling.greedy:
-      num_accepted_B, next_B = acceptance.greedy(draft_BxN, out.logits_BxRxV, k_B)
+      num_accepted_B, next_B = acceptance.greedy(draft_BxN, out.argmax_BxR, k_B)
     else:
       p_BxN1xV = sampling_lib.probabilities(out.logits_BxRxV, loop.sampling)
       q_BxNxV = None if q_BxGxV is None else q_BxGxV[:, :n]

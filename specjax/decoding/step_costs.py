@@ -36,30 +36,37 @@ _STEPS = 4   # forward calls per timed program
 _REPEATS = 3
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'width', 'batch', 'num_slots'))
-def _calls(model, params, *, width: int, batch: int, num_slots: int):
+@functools.partial(jax.jit, static_argnames=('model', 'width', 'batch', 'num_slots', 'greedy'))
+def _calls(model, params, *, width: int, batch: int, num_slots: int, greedy: bool):
   cache = model.init_cache(batch, num_slots)
   start = max(0, num_slots // 2 - _STEPS * width)
 
   def body(i, carry):
     cache, total = carry
     positions_BxT = jnp.broadcast_to(start + i * width + jnp.arange(width), (batch, width))
-    out = model.forward(params, jnp.zeros((batch, width), jnp.int32), positions_BxT, cache)
-    # A reduction over every logit, as acceptance's argmax or softmax makes: at batch
-    # 16 and 5 positions that pass over 21M logits is a fifth of the call on a CPU.
+    out = model.forward(params, jnp.zeros((batch, width), jnp.int32), positions_BxT, cache,
+                        greedy=greedy)
+    # Greedy: the argmax the loop takes (from the head's argmax kernel where it serves).
+    # Sampled: a reduction over every logit, as the softmax makes: at batch 16 and 5
+    # positions that pass over 21M logits is a fifth of the call on a CPU.
+    if greedy:
+      return out.cache, total + out.argmax_BxR.sum().astype(jnp.float32)
     return out.cache, total + jnp.max(out.logits_BxRxV, axis=-1).sum()
 
   return jax.lax.fori_loop(0, _STEPS, body, (cache, jnp.float32(0)))[1]
 
 
-def _call_run(model, params, width: int, *, batch: int, num_slots: int):
-  return functools.partial(_calls, model, params, width=width, batch=batch, num_slots=num_slots)
+def _call_run(model, params, width: int, *, batch: int, num_slots: int, greedy: bool):
+  return functools.partial(_calls, model, params, width=width, batch=batch, num_slots=num_slots,
+                           greedy=greedy)
 
 
-def seconds_per_call(model, params, width: int, *, batch: int, num_slots: int) -> float:
-  """Seconds of one target call over `width` positions per row (best of a few)."""
+def seconds_per_call(model, params, width: int, *, batch: int, num_slots: int,
+                     greedy: bool = False) -> float:
+  """Seconds of one target call over `width` positions per row (best of a few), with the
+  greedy loop's argmax or, by default, the sampled loop's pass over the logits."""
   return _best_of({'call': _call_run(model, params, width, batch=batch,
-                                     num_slots=num_slots)})['call']
+                                     num_slots=num_slots, greedy=greedy)})['call']
 
 
 @functools.partial(jax.jit, static_argnames=('drafter', 'model', 'sampling', 'gamma', 'batch',
@@ -133,10 +140,13 @@ def measure(model, params, buckets: Sequence[int], *, batch: int, num_slots: int
   a plain step, is 1.0); with a `drafter` whose drafts are costly, drafting the
   n tokens included."""
   drafts = drafter is not None and drafter.costly_drafts
-  runs = {('call', 1): _call_run(model, params, 1, batch=batch, num_slots=num_slots)}
+  greedy = sampling.greedy
+  runs = {('call', 1): _call_run(model, params, 1, batch=batch, num_slots=num_slots,
+                                 greedy=greedy)}
   for n in buckets:
     if n:
-      runs['call', n + 1] = _call_run(model, params, n + 1, batch=batch, num_slots=num_slots)
+      runs['call', n + 1] = _call_run(model, params, n + 1, batch=batch, num_slots=num_slots,
+                                      greedy=greedy)
       if drafts:
         runs['draft', n] = _draft_run(drafter, model, params, n, batch=batch,
                                       num_slots=num_slots, sampling=sampling)

@@ -32,7 +32,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import argmax as argmax_lib
 from specjax import sampling as sampling_lib
 from specjax.decoding.tree import Tree
 
@@ -43,10 +42,10 @@ def _root_first(pending_B: Array, tokens_BxN: Array) -> Array:
   return jnp.concatenate([pending_B[:, None], tokens_BxN], axis=1)
 
 
-def greedy(tree: Tree, tokens_BxN: Array, valid_BxN: Array, logits_BxTxV: Array
+def greedy(tree: Tree, tokens_BxN: Array, valid_BxN: Array, argmax_BxT: Array
            ) -> tuple[Array, Array, Array]:
-  """(last tree index of the accepted path, its length, the next token) per row."""
-  argmax_BxT = argmax_lib.argmax(logits_BxTxV)
+  """(last tree index of the accepted path, its length, the next token) per row, from the
+  target's argmax at each tree position (`ForwardOutput.argmax_BxR`)."""
   ok = []
   for i, p in enumerate(tree.parents):
     ok_B = valid_BxN[:, i] & (tokens_BxN[:, i] == argmax_BxT[:, p + 1])

@@ -76,11 +76,12 @@ def call(loop, tree: Tree, target_params, keys_B, max_new_B, decode: prefill_lib
   depth_T = np.concatenate([[0], tree.depth_N]).astype(np.int32)
   positions_BxT = start_B[:, None] + jnp.asarray(depth_T)[None, :]
   out = target.forward(target_params, tokens_BxT, positions_BxT, target_cache,
-                       hidden_layers=drafter.hidden_layers, tree_mask=jnp.asarray(tree.mask_TxT))
+                       hidden_layers=drafter.hidden_layers, tree_mask=jnp.asarray(tree.mask_TxT),
+                       greedy=loop.sampling.greedy)
   valid_BxN = proposal.valid_BxN
   if loop.sampling.greedy:
     last_B, num_accepted_B, next_B = tree_acceptance.greedy(tree, proposal.tokens_BxN, valid_BxN,
-                                                            out.logits_BxRxV)
+                                                            out.argmax_BxR)
   else:
     keys = sampling_lib.step_keys(keys_B, decode.step + 1, accept_stream)
     p_BxTxV = sampling_lib.probabilities(out.logits_BxRxV, loop.sampling)

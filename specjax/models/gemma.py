@@ -48,7 +48,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specjax import argmax as argmax_lib
 from specjax.cpu_kernels import attention as attention_lib
+from specjax.cpu_kernels import q8_argmax as q8_argmax_lib
 from specjax.cpu_kernels import q8_matmul as q8_matmul_lib
 from specjax.cpu_kernels import skinny_matmul as skinny_matmul_lib
 from specjax.models import kv_cache as kv_cache_lib
@@ -70,16 +72,21 @@ class ForwardOutput:
   layer_hidden_LxBxTxD: the residual stream after each layer in
     `hidden_layers` (0-based; EAGLE-3 fuses a low, a middle and a high one),
     or None when none was asked for.
+  argmax_BxR: with `greedy=True`, the index of each scored position's largest
+    logit (int32; the first, as `jnp.argmax`): greedy decoding's token. Where
+    the head's argmax kernel serves it (`head_argmax`), logits_BxRxV is None.
   """
 
   logits_BxRxV: Array | None   # None when the pass was asked for no logits
   cache: Cache
   hidden_BxTxD: Array
   layer_hidden_LxBxTxD: Array | None = None
+  argmax_BxR: Array | None = None
 
 
 jax.tree_util.register_dataclass(
-    ForwardOutput, data_fields=['logits_BxRxV', 'cache', 'hidden_BxTxD', 'layer_hidden_LxBxTxD'],
+    ForwardOutput, data_fields=['logits_BxRxV', 'cache', 'hidden_BxTxD', 'layer_hidden_LxBxTxD',
+                                 'argmax_BxR'],
     meta_fields=[])
 
 
@@ -334,8 +341,8 @@ class Transformer(nn.Module):
   """Gemma decoder over an explicit KV cache.
 
   __call__(tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-  num_layers=None, hidden_layers=(), skip_layers=(), logits=True, tree_mask=None)
-  returns a `ForwardOutput`. The T new tokens are written at consecutive slots
+  num_layers=None, hidden_layers=(), skip_layers=(), logits=True, tree_mask=None,
+  greedy=False) returns a `ForwardOutput`. The T new tokens are written at consecutive slots
   from positions_BxT[:, 0]. Without `tree_mask`, `positions_BxT` must be
   consecutive in each row (T new tokens starting at the row's own offset). With
   `tree_mask` ([T, T] or [B, T, T] bool, ancestor-or-self, see
@@ -347,6 +354,8 @@ class Transformer(nn.Module):
   (static) makes those layers the identity: they neither read nor write their
   cache (a layer-skipping self-drafter). `logits=False` stops after the final
   norm (logits None): a drafter with its own, smaller head skips the V-wide one.
+  `greedy=True` adds each scored position's argmax (`ForwardOutput.argmax_BxR`),
+  from the head's argmax kernel without logits where it serves (`head_argmax`).
   """
 
   config: GemmaConfig
@@ -357,7 +366,8 @@ class Transformer(nn.Module):
   def __call__(self, tokens_BxT: Array, positions_BxT: Array, cache: Cache,
                logit_indices_BxR: Array | None = None, num_layers: int | None = None,
                hidden_layers: tuple[int, ...] = (), skip_layers: tuple[int, ...] = (),
-               logits: bool = True, tree_mask: Array | None = None) -> ForwardOutput:
+               logits: bool = True, tree_mask: Array | None = None,
+               greedy: bool = False) -> ForwardOutput:
     cfg = self.config
     tree_mask_BxTxT = None
     if tree_mask is not None:
@@ -393,9 +403,14 @@ class Transformer(nn.Module):
     x_BxRxD = hidden_BxTxD
     if logit_indices_BxR is not None:
       x_BxRxD = jnp.take_along_axis(hidden_BxTxD, logit_indices_BxR[:, :, None], axis=1)
+    if greedy:
+      argmax_BxR = head_argmax(x_BxRxD, argmax_form(self), self.model_axis, cfg)
+      if argmax_BxR is not None:
+        return ForwardOutput(None, new_cache, hidden_BxTxD, stacked, argmax_BxR)
     logits_BxRxV = softcap_logits(
         lm_head(embedding_VxD, x_BxRxD, self.model_axis, q8_form(self, 'embedding_VxD')), cfg)
-    return ForwardOutput(logits_BxRxV, new_cache, hidden_BxTxD, stacked)
+    return ForwardOutput(logits_BxRxV, new_cache, hidden_BxTxD, stacked,
+                         argmax_lib.argmax(logits_BxRxV) if greedy else None)
 
 
 def embed(embedding_VxD: Array, tokens_BxT: Array, model_axis: str | None) -> Array:
@@ -458,6 +473,43 @@ def lm_head(embedding_VxD: Array, x_BxRxD: Array, model_axis: str | None,
   if model_axis is not None:
     logits = jax.lax.all_gather(logits, model_axis, axis=2, tiled=True)
   return logits
+
+
+def argmax_form(module: nn.Module) -> tuple[Array, ...] | None:
+  """(tiles, tile_scale, l1max, q, scale) of the tied head for `q8_argmax`, where the params
+  carry them (`q8_weights.with_q8_weights`), else None."""
+  names = [q8_weights.HEAD_TILES, q8_weights.HEAD_TILE_SCALE, q8_weights.HEAD_L1MAX,
+           q8_weights.HEAD_FORM, q8_weights.HEAD_SCALE]
+  if not all(module.has_variable('params', n) for n in names):
+    return None
+  return tuple(module.get_variable('params', n) for n in names)
+
+
+def head_argmax_serves(num_rows: int, has_form: bool, config: GemmaConfig) -> bool:
+  """Whether `head_argmax` gives the argmax of `num_rows` positions (and no logits)."""
+  return (has_form and config.final_logit_softcap is None
+          and q8_argmax_lib.applies(num_rows, jnp.zeros((), jnp.float32)))
+
+
+def head_argmax(x_BxRxD: Array, form: tuple[Array, ...] | None, model_axis: str | None,
+                config: GemmaConfig) -> Array | None:
+  """Each row's argmax over the tied head's logits, from `q8_argmax` without the logits
+  (the same index as `argmax_lib.argmax` of `lm_head`'s logits), or None where that kernel
+  does not serve: no tile form, not CPU, too many rows, or a final soft cap (tanh can map
+  distinct logits to one float, and the first of them would then win). With a
+  vocab-sharded head each shard finds its own, and the largest wins (the first shard on a
+  tie, so the first index)."""
+  b, r, d = x_BxRxD.shape
+  x_NxD = x_BxRxD.reshape(b * r, d).astype(jnp.float32)
+  if not head_argmax_serves(b * r, form is not None, config):
+    return None
+  index_N, value_N = q8_argmax_lib.head_argmax(x_NxD, *form)
+  if model_axis is not None:
+    index_N = index_N + _model_rank(model_axis) * form[3].shape[0]
+    index_SxN = jax.lax.all_gather(index_N, model_axis)
+    best_N = jnp.argmax(jax.lax.all_gather(value_N, model_axis), axis=0)
+    index_N = jnp.take_along_axis(index_SxN, best_N[None, :], axis=0)[0]
+  return index_N.reshape(b, r)
 
 
 def softcap_logits(logits: Array, config: GemmaConfig) -> Array:

@@ -14,7 +14,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from specjax import sharding
+from specjax.models import gemma
 from specjax.models import kv_cache as kv_cache_lib
+from specjax.models import q8_weights
 from specjax.models.config import GemmaConfig
 from specjax.models.gemma import ForwardOutput, Transformer
 
@@ -24,10 +26,11 @@ Array = jax.Array
 @dataclasses.dataclass(frozen=True, eq=False)
 class LanguageModel:
   """`forward(params, tokens_BxT, positions_BxT, cache, logit_indices_BxR=None,
-  num_layers=None, hidden_layers=(), skip_layers=(), logits=True, tree_mask=None)
-  -> gemma.ForwardOutput` (float32 logits, the new cache, hidden states).
+  num_layers=None, hidden_layers=(), skip_layers=(), logits=True, tree_mask=None,
+  greedy=False) -> gemma.ForwardOutput` (float32 logits, the new cache, hidden states).
   `skip_layers` run as the identity; `logits=False` skips the head; `tree_mask`
-  ([T, T] or [B, T, T]) verifies a token tree (see `gemma.Transformer`)."""
+  ([T, T] or [B, T, T]) verifies a token tree; `greedy` adds each scored position's
+  argmax, and may leave the logits None (see `gemma.Transformer`)."""
 
   config: GemmaConfig
   mesh: Mesh | None = None
@@ -55,7 +58,8 @@ class LanguageModel:
   def forward(self, params, tokens_BxT: Array, positions_BxT: Array, cache,
               logit_indices_BxR: Array | None = None, num_layers: int | None = None,
               hidden_layers: tuple[int, ...] = (), skip_layers: tuple[int, ...] = (),
-              logits: bool = True, tree_mask: Array | None = None) -> ForwardOutput:
+              logits: bool = True, tree_mask: Array | None = None,
+              greedy: bool = False) -> ForwardOutput:
     depth = self.config.num_layers if num_layers is None else num_layers
     bad = [i for i in hidden_layers if not 0 <= i < depth]
     if bad:
@@ -69,13 +73,14 @@ class LanguageModel:
     if self.mesh is None:
       return Transformer(self.config).apply(
           {'params': params}, tokens_BxT, positions_BxT, cache, logit_indices_BxR, num_layers,
-          hidden_layers, skip_layers, logits, tree_mask)
+          hidden_layers, skip_layers, logits, tree_mask, greedy)
     return self._sharded_forward(params, tokens_BxT, positions_BxT, cache,
                                  logit_indices_BxR, num_layers, hidden_layers, skip_layers,
-                                 logits, tree_mask)
+                                 logits, tree_mask, greedy)
 
   def _sharded_forward(self, params, tokens_BxT, positions_BxT, cache, logit_indices_BxR,
-                       num_layers, hidden_layers, skip_layers=(), logits=True, tree_mask=None):
+                       num_layers, hidden_layers, skip_layers=(), logits=True, tree_mask=None,
+                       greedy=False):
     model_size = self.mesh.shape['model']
     p_specs = sharding.param_specs(params, self.config, model_size)
     c_specs = sharding.cache_specs(cache, self.config, model_size)
@@ -84,11 +89,18 @@ class LanguageModel:
 
     def local(params, tokens, positions, cache, indices, tree_mask):
       return module.apply({'params': params}, tokens, positions, cache, indices, num_layers,
-                          hidden_layers, skip_layers, logits, tree_mask)
+                          hidden_layers, skip_layers, logits, tree_mask, greedy)
 
     # After each psum the hidden states are whole on every 'model' shard.
-    out_specs = ForwardOutput(P('data', None, None) if logits else None, c_specs, P('data', None, None),
-                              P(None, 'data', None, None) if hidden_layers else None)
+    logits_spec = P('data', None, None) if logits else None
+    if logits and greedy:   # where the argmax kernel serves, no logits come back
+      local_rows = tokens_BxT.shape[0] // self.mesh.shape['data'] * (
+          tokens_BxT.shape[1] if logit_indices_BxR is None else logit_indices_BxR.shape[1])
+      if gemma.head_argmax_serves(local_rows, q8_weights.HEAD_TILES in params, self.config):
+        logits_spec = None
+    out_specs = ForwardOutput(logits_spec, c_specs, P('data', None, None),
+                              P(None, 'data', None, None) if hidden_layers else None,
+                              P('data', None) if logits and greedy else None)
     # A [T, T] tree mask is the same for every row (replicated); [B, T, T] splits by rows.
     mask_spec = None if tree_mask is None else (P() if tree_mask.ndim == 2 else rows)
     fn = jax.shard_map(

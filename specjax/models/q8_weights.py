@@ -49,6 +49,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from specjax.cpu_kernels import q8_argmax
 from specjax.cpu_kernels import q8_matmul
 
 Q8_SUFFIX = '_q8'
@@ -63,6 +64,12 @@ SPLITTABLE = ('embedding_VxD', 'q_NHxD', 'k_KHxD', 'v_KHxD', 'o_DxNH', 'gate_FxD
 SPLIT_BY_INPUT = ('o_DxNH', 'down_DxF')
 HEAD_FORM = 'embedding_VxD' + Q8_SUFFIX  # present when the tied head is served from int8
 HEAD_SCALE = 'embedding_VxD' + SCALE_SUFFIX
+# The head's form again in the tile layout of `cpu_kernels/q8_argmax` (greedy's argmax without
+# the logits), where that kernel is built: split over the 'model' axis like the table's rows.
+TILE_SUFFIXES = ('_q8tilescale', '_q8tiles', '_q8l1max')   # longest first: see `base_name`
+HEAD_TILES = 'embedding_VxD_q8tiles'
+HEAD_TILE_SCALE = 'embedding_VxD_q8tilescale'
+HEAD_L1MAX = 'embedding_VxD_q8l1max'
 _ROWS_PER_CHUNK = 8192  # 21 MB of float32 at a time for the head
 _PROBE_ROWS = 8  # rows a form must fit before the rest of the matrix is tried
 
@@ -200,8 +207,16 @@ def _matrices(tree: dict[str, Any], names: tuple[str, ...], path=()):
   for name, value in tree.items():
     if isinstance(value, dict):
       yield from _matrices(value, names, path + (name,))
-    elif np.ndim(value) == 2 and not name.endswith(FORM_SUFFIXES):
+    elif np.ndim(value) == 2 and base_name(name) == name:
       yield path, name, value, name in names and name + Q8_SUFFIX not in tree
+
+
+def base_name(name: str) -> str:
+  """The matrix a form's array belongs to ('o_DxNH_q8scale' -> 'o_DxNH'), else `name`."""
+  for suffix in TILE_SUFFIXES + FORM_SUFFIXES[::-1]:
+    if name.endswith(suffix):
+      return name[:-len(suffix)]
+  return name
 
 
 def _leaf_name(path: tuple[str, ...], name: str) -> str:
@@ -222,13 +237,16 @@ def _check_stored(params: dict[str, Any], forms: dict[str, np.ndarray]) -> None:
   matrices = {_leaf_name(path, name): value for path, name, value, _ in
               _matrices(params, SPLITTABLE)}
   for key, part in forms.items():
-    leaf, suffix = next(((key[:-len(s)], s) for s in FORM_SUFFIXES if key.endswith(s)),
-                        (key, ''))
+    leaf = base_name(key)
+    suffix = key[len(leaf):]
     matrix = matrices.get(leaf)
     rows_cols = None if matrix is None else np.shape(matrix)
-    ok = (matrix is not None and suffix and np.shape(part)[0] == rows_cols[0]
-          and (np.shape(part) == rows_cols if suffix == Q8_SUFFIX
-               else np.ndim(part) == 2 and rows_cols[1] % max(np.shape(part)[1], 1) == 0))
+    if suffix in TILE_SUFFIXES:
+      ok = matrix is not None and np.ndim(part) == 2 and np.shape(part)[0] * 16 == rows_cols[0]
+    else:
+      ok = (matrix is not None and suffix and np.shape(part)[0] == rows_cols[0]
+            and (np.shape(part) == rows_cols if suffix == Q8_SUFFIX
+                 else np.ndim(part) == 2 and rows_cols[1] % max(np.shape(part)[1], 1) == 0))
     if not ok:
       raise ValueError(f'stored int8 form {key!r} (shape {np.shape(part)}) belongs to no '
                        f'matrix of these params: the forms were made for another checkpoint')
@@ -250,6 +268,10 @@ def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
     for suffix, part in zip(FORM_SUFFIXES, form):
       if part is not None:
         flat[_leaf_name(path, name) + suffix] = part
+  if HEAD_FORM in flat and HEAD_FORM.replace(Q8_SUFFIX, OFFSET_SUFFIX) not in flat:
+    tiles = q8_argmax.tile_form(flat[HEAD_FORM], flat[HEAD_SCALE])
+    if tiles is not None:
+      flat.update(zip((HEAD_TILES, HEAD_TILE_SCALE, HEAD_L1MAX), tiles))
   return flat
 
 
@@ -288,6 +310,23 @@ def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
   return out
 
 
+def _with_head_tiles(out: dict[str, Any], model_shards: int,
+                     forms: dict[str, np.ndarray] | None) -> None:
+  """Adds the head's tile layout for `q8_argmax` (greedy's argmax without logits) where the
+  head has a form without offsets, the kernel is built, and its tiles divide over the
+  model shards."""
+  if (HEAD_FORM not in out or HEAD_TILES in out
+      or HEAD_FORM.replace(Q8_SUFFIX, OFFSET_SUFFIX) in out or not q8_argmax.available()):
+    return
+  if forms is not None and HEAD_TILES in forms:
+    tiles = tuple(forms[k] for k in (HEAD_TILES, HEAD_TILE_SCALE, HEAD_L1MAX))
+  else:
+    tiles = q8_argmax.tile_form(out[HEAD_FORM], out[HEAD_SCALE])
+  if tiles is None or tiles[0].shape[0] % model_shards:
+    return
+  out.update(zip((HEAD_TILES, HEAD_TILE_SCALE, HEAD_L1MAX), tiles))
+
+
 def serves() -> bool:
   """Whether int8 forms serve this run: on CPU, with the kernel built."""
   return jax.default_backend() == 'cpu' and q8_matmul.available()
@@ -316,6 +355,7 @@ def with_q8_weights(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE,
   if not counts['split']:
     logging.info('no matrix of this model is exactly int8 blocks: all are served as they are')
     return params
+  _with_head_tiles(out, model_shards, forms)
   logging.info('serving %d matrices from their int8 blocks: %.0f MB a step instead of %.0f MB '
                '(%.0f MB of other matrices as they are)', counts['split'],
                counts['q8 bytes'] / 1e6, counts['bytes split'] / 1e6, counts['bytes kept'] / 1e6)

@@ -93,6 +93,16 @@ def test_every_row_a_candidate_and_rows_that_are_not_finite():
   assert np.array_equal(got_i, want_i)
   assert np.array_equal(got_v, want_v, equal_nan=True)
   assert got_i[0] == 0 and np.isnan(got_v[1])
+  # More candidates than the scan keeps before compacting its list (4,096 a row): every one
+  # of 20,000 rows, and, in a second row, the 1,000 rows one scale apart from the best.
+  q, scale = _head(rng, 20000, 64)
+  scale[:] = 1e-3
+  q[:, :] = 1
+  q[5000:6000, 0] = 2
+  x = np.zeros((2, 64), np.float32)
+  x[1, 0] = 1e-3
+  got_i, got_v, want_i, want_v = _both(x, q, scale)
+  assert list(got_i) == list(want_i) == [0, 5000] and np.array_equal(got_v, want_v)
 
 
 @needs_kernel

@@ -152,7 +152,11 @@ void scan_tiles(const Head& h, const QuantRow* rows, int64_t t0, int64_t t1, flo
   constexpr int64_t kGroupsPerBlock = B / 4;
   const int64_t blocks = h.I / B;
   __m512 lower_max[G];
-  for (int g = 0; g < G; ++g) lower_max[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  size_t limit[G];
+  for (int g = 0; g < G; ++g) {
+    lower_max[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    limit[g] = 4096;
+  }
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = h.tiles + t * h.I * kTile;
     const float* scale = h.tile_scale + t * blocks * kTile;
@@ -192,12 +196,15 @@ void scan_tiles(const Head& h, const QuantRow* rows, int64_t t0, int64_t t1, flo
         _mm512_storeu_ps(u, upper);
         found[g].push_back({t * kTile + lane, u[lane]});
       }
-      if (found[g].size() > 4096) {   // keep the list short while the floor rises
+      if (found[g].size() > limit[g]) {   // keep the list short while the floor rises
         floor[g] = std::max(floor[g], max_lane(lower_max[g]));
         const float f = floor[g];
         found[g].erase(std::remove_if(found[g].begin(), found[g].end(),
                                       [f](const Candidate& c) { return c.upper < f; }),
                        found[g].end());
+        // Where many rows stay within reach (flat logits), compact only when the list has
+        // doubled again, so that compacting costs O(1) a candidate, not O(list) a tile.
+        limit[g] = std::max(limit[g], 2 * found[g].size());
       }
     }
   }

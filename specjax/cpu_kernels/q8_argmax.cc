@@ -23,9 +23,10 @@
 //      max_o' (a[o'] - E[o']) is a candidate, and only candidates can be the
 //      argmax or tie with it. Candidates get q8_matmul's exact sum
 //      (`block_dot`, the same bits), in index order.
-// On the 270M's head and Spec-Bench text a position had 3 candidates at the
-// median, 12 at the 90th percentile and 175 at most (of 1,027), so the second
-// pass is negligible and the first reads the head once at integer speed.
+// On the 270M's head and raw Spec-Bench text a position had 6 candidates at the
+// median, 22 at the 90th percentile and 521 at most (of 1,027;
+// benchmarks/head_argmax.py), so the second pass is negligible and the first
+// reads the head once at integer speed.
 //
 // Tile layout (made at load, models/q8_weights.py): the head's rows in tiles
 // of 16, each tile's bytes [I / 4][16 rows][4 inputs] as unsigned q + 128
@@ -66,6 +67,11 @@ constexpr int kTile = 16;       // head rows per tile: one 512-bit vector of int
 constexpr int kMaxGroup = 8;    // rows of x per pass over a tile (2 vectors each in registers)
 constexpr int kTilesPerPanel = 16;
 constexpr float kRoundingMargin = 1.0f / 65536.0f;   // 2^-16, see the top
+// How far ahead the tiles' bytes are requested (into L2, as q8_matmul.cc's rows). Without
+// it the scan waited on memory: on the 2-core Xeon of 5 December 2026, with the head read
+// from memory as in a forward pass (benchmarks/head_argmax.py, two runs), 5 / 9 rows took
+// 8.1-8.9 / 10.5-12.1 ms without and 5.8-6.2 / 6.4-8.9 with (64 KiB ahead: no better).
+constexpr int64_t kPrefetchBytes = 16384;
 
 struct Candidate {
   int64_t o;
@@ -167,7 +173,9 @@ void scan_tiles(const Head& h, const QuantRow* rows, int64_t t0, int64_t t1, flo
       for (int g = 0; g < G; ++g) acc[g] = _mm512_set1_epi32(rows[g].minus[b]);
 #pragma GCC unroll 8
       for (int64_t k = 0; k < kGroupsPerBlock; ++k) {
-        const __m512i w = _mm512_loadu_si512(tile + (b * kGroupsPerBlock + k) * 64);
+        const uint8_t* line = tile + (b * kGroupsPerBlock + k) * 64;
+        __builtin_prefetch(line + kPrefetchBytes, 0, 2);
+        const __m512i w = _mm512_loadu_si512(line);
 #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) {
           int32_t x4;

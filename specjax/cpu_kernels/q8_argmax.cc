@@ -66,6 +66,7 @@ namespace {
 constexpr int kTile = 16;       // head rows per tile: one 512-bit vector of int32 sums
 constexpr int kMaxGroup = 8;    // rows of x per pass over a tile (2 vectors each in registers)
 constexpr int kTilesPerPanel = 16;
+constexpr int64_t kTilesPerPass = 16;   // 160 KB of the 270M's head: in L2 for the next group
 constexpr float kRoundingMargin = 1.0f / 65536.0f;   // 2^-16, see the top
 // How far ahead the tiles' bytes are requested (into L2, as q8_matmul.cc's rows). Without
 // it the scan waited on memory: on the 2-core Xeon of 5 December 2026, with the head read
@@ -150,19 +151,16 @@ inline float max_lane(__m512 v) { return _mm512_reduce_max_ps(v); }
 // Candidates of rows [n0, n0 + G) from tiles [t0, t1): approximate logits and
 // bounds a tile at a time, kept where the upper bound reaches the row's
 // largest lower bound so far (`floor`, raised as tiles go by: a row's set is a
-// superset of its final one).
+// superset of its final one). `limit`: each row's list length at which it is next
+// compacted.
 template <int G, int kShift>
 void scan_tiles(const Head& h, const QuantRow* rows, int64_t t0, int64_t t1, float* floor,
-                std::vector<Candidate>* found) {
+                std::vector<Candidate>* found, size_t* limit) {
   constexpr int64_t B = int64_t{1} << kShift;
   constexpr int64_t kGroupsPerBlock = B / 4;
   const int64_t blocks = h.I / B;
   __m512 lower_max[G];
-  size_t limit[G];
-  for (int g = 0; g < G; ++g) {
-    lower_max[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    limit[g] = 4096;
-  }
+  for (int g = 0; g < G; ++g) lower_max[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = h.tiles + t * h.I * kTile;
     const float* scale = h.tile_scale + t * blocks * kTile;
@@ -220,7 +218,7 @@ void scan_tiles(const Head& h, const QuantRow* rows, int64_t t0, int64_t t1, flo
 }
 
 using ScanFn = void (*)(const Head&, const QuantRow*, int64_t, int64_t, float*,
-                        std::vector<Candidate>*);
+                        std::vector<Candidate>*, size_t*);
 
 template <int kShift, int... G>
 constexpr std::array<ScanFn, sizeof...(G)> scan_fns(std::integer_sequence<int, G...>) {
@@ -254,11 +252,16 @@ void argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, int64_t N
   if (F > 0) {
     specjax::run_row_chunks(pool, tiles, kTilesPerPanel, [&](int64_t t0, int64_t t1) {
       std::vector<float> local_floor(F, -std::numeric_limits<float>::infinity());
+      std::vector<size_t> limit(F, 4096);
       std::vector<std::vector<Candidate>> local(F);
-      for (int64_t n0 = 0; n0 < F; n0 += kMaxGroup) {
-        const int g = static_cast<int>(std::min<int64_t>(kMaxGroup, F - n0));
-        scan_fn<kShift>(g)(h, packed.data() + n0, t0, t1, local_floor.data() + n0,
-                           local.data() + n0);
+      // Each group of rows over a few tiles at a time, so the later groups find them in L2.
+      for (int64_t s0 = t0; s0 < t1; s0 += kTilesPerPass) {
+        const int64_t s1 = std::min(t1, s0 + kTilesPerPass);
+        for (int64_t n0 = 0; n0 < F; n0 += kMaxGroup) {
+          const int g = static_cast<int>(std::min<int64_t>(kMaxGroup, F - n0));
+          scan_fn<kShift>(g)(h, packed.data() + n0, s0, s1, local_floor.data() + n0,
+                             local.data() + n0, limit.data() + n0);
+        }
       }
       std::lock_guard<std::mutex> lock(merge);
       for (int64_t f = 0; f < F; ++f) {

@@ -113,8 +113,7 @@ def main(argv):
       params, forms=loading.cached_forms(embedded.EMBEDDED_NAME, params)))
   tokenizer = Tokenizer.from_gguf(embedded.default_gguf_path())
   q, scale = params[q8_weights.HEAD_FORM], params[q8_weights.HEAD_SCALE]
-  tiles = tuple(params[k] for k in (q8_weights.HEAD_TILES, q8_weights.HEAD_TILE_SCALE,
-                                    q8_weights.HEAD_L1MAX))
+  tiles = tuple(params[k] for k in q8_weights.HEAD_TILE_ARRAYS)
   h_NxD = hidden_states(model, params, tokenizer)
   print(f'\n{len(h_NxD)} positions of {NUM_PROMPTS.value} raw-text Spec-Bench prompts '
         f'(up to {TOKENS.value} tokens each)')

@@ -46,10 +46,9 @@ def greedy(draft_BxG: Array, target_argmax_BxG1: Array,
            num_drafts_B: Array | None = None) -> tuple[Array, Array]:
   """Accept while the draft equals the target's argmax (its greedy token at each position,
   `ForwardOutput.argmax_BxR`); then take the argmax."""
-  argmax_BxG1 = target_argmax_BxG1
-  num_accepted_B = leading_accepts((draft_BxG == argmax_BxG1[:, :-1])
+  num_accepted_B = leading_accepts((draft_BxG == target_argmax_BxG1[:, :-1])
                                    & _allowed(draft_BxG, num_drafts_B))
-  next_B = jnp.take_along_axis(argmax_BxG1, num_accepted_B[:, None], axis=1)[:, 0]
+  next_B = jnp.take_along_axis(target_argmax_BxG1, num_accepted_B[:, None], axis=1)[:, 0]
   return num_accepted_B, next_B
 
 

@@ -478,8 +478,7 @@ def lm_head(embedding_VxD: Array, x_BxRxD: Array, model_axis: str | None,
 def argmax_form(module: nn.Module) -> tuple[Array, ...] | None:
   """(tiles, tile_scale, l1max, q, scale) of the tied head for `q8_argmax`, where the params
   carry them (`q8_weights.with_q8_weights`), else None."""
-  names = [q8_weights.HEAD_TILES, q8_weights.HEAD_TILE_SCALE, q8_weights.HEAD_L1MAX,
-           q8_weights.HEAD_FORM, q8_weights.HEAD_SCALE]
+  names = [*q8_weights.HEAD_TILE_ARRAYS, q8_weights.HEAD_FORM, q8_weights.HEAD_SCALE]
   if not all(module.has_variable('params', n) for n in names):
     return None
   return tuple(module.get_variable('params', n) for n in names)

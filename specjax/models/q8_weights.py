@@ -70,6 +70,8 @@ TILE_SUFFIXES = ('_q8tilescale', '_q8tiles', '_q8l1max')   # longest first: see 
 HEAD_TILES = 'embedding_VxD_q8tiles'
 HEAD_TILE_SCALE = 'embedding_VxD_q8tilescale'
 HEAD_L1MAX = 'embedding_VxD_q8l1max'
+HEAD_TILE_ARRAYS = (HEAD_TILES, HEAD_TILE_SCALE, HEAD_L1MAX)   # q8_argmax's operands, in order
+_HEAD_OFFSET = 'embedding_VxD' + OFFSET_SUFFIX
 _ROWS_PER_CHUNK = 8192  # 21 MB of float32 at a time for the head
 _PROBE_ROWS = 8  # rows a form must fit before the rest of the matrix is tried
 
@@ -255,10 +257,11 @@ def _check_stored(params: dict[str, Any], forms: dict[str, np.ndarray]) -> None:
 def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
               ) -> dict[str, np.ndarray]:
   """The form of every matrix named in `names` that splits, flat: dotted leaf name plus
-  suffix -> array (what `with_q8_weights(forms=)` takes; a matrix absent has no form).
-  The loader keeps them in the weight cache (`weight_cache.derived_arrays`): splitting the
+  suffix -> array (what `with_q8_weights(forms=)` takes; a matrix absent has no form), and
+  where `q8_argmax` is built the head's tile layout (`HEAD_TILE_ARRAYS`). The loader keeps them in the weight cache (`weight_cache.derived_arrays`): splitting the
   270M takes 2.1 s, reading them back 0.3 s."""
   matrices = [m for m in _matrices(params, tuple(names)) if m[3]]
+  # The small matrices a thread each (the head's chunks are split on every core by `split`).
   with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
     forms = list(pool.map(lambda m: split(m[2]), matrices))
   flat = {}
@@ -268,24 +271,18 @@ def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
     for suffix, part in zip(FORM_SUFFIXES, form):
       if part is not None:
         flat[_leaf_name(path, name) + suffix] = part
-  if HEAD_FORM in flat and HEAD_FORM.replace(Q8_SUFFIX, OFFSET_SUFFIX) not in flat:
+  if HEAD_FORM in flat and _HEAD_OFFSET not in flat and q8_argmax.available():
     tiles = q8_argmax.tile_form(flat[HEAD_FORM], flat[HEAD_SCALE])
     if tiles is not None:
-      flat.update(zip((HEAD_TILES, HEAD_TILE_SCALE, HEAD_L1MAX), tiles))
+      flat.update(zip(HEAD_TILE_ARRAYS, tiles))
   return flat
 
 
 def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
-                counts: dict[str, int], stored: dict[str, np.ndarray] | None
-                ) -> dict[str, Any]:
+                counts: dict[str, int], stored: dict[str, np.ndarray]) -> dict[str, Any]:
   matrices = list(_matrices(tree, names))
-  if stored is not None:
-    forms = [_stored_form(stored, path, name) if wanted else None
-             for path, name, _, wanted in matrices]
-  else:
-    # The small matrices a thread each (the head's chunks are split on every core by `split`).
-    with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-      forms = list(pool.map(lambda m: split(m[2]) if m[3] else None, matrices))
+  forms = [_stored_form(stored, path, name) if wanted else None
+           for path, name, _, wanted in matrices]
   out, copied = dict(tree), {()}
   for (path, name, value, _), form in zip(matrices, forms):
     nbytes = np.dtype(value.dtype).itemsize * int(np.prod(np.shape(value)))
@@ -311,20 +308,20 @@ def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
 
 
 def _with_head_tiles(out: dict[str, Any], model_shards: int,
-                     forms: dict[str, np.ndarray] | None) -> None:
+                     forms: dict[str, np.ndarray]) -> None:
   """Adds the head's tile layout for `q8_argmax` (greedy's argmax without logits) where the
   head has a form without offsets, the kernel is built, and its tiles divide over the
   model shards."""
   if (HEAD_FORM not in out or HEAD_TILES in out
-      or HEAD_FORM.replace(Q8_SUFFIX, OFFSET_SUFFIX) in out or not q8_argmax.available()):
+      or _HEAD_OFFSET in out or not q8_argmax.available()):
     return
-  if forms is not None and HEAD_TILES in forms:
-    tiles = tuple(forms[k] for k in (HEAD_TILES, HEAD_TILE_SCALE, HEAD_L1MAX))
-  else:
+  if HEAD_TILES in forms:
+    tiles = tuple(forms[k] for k in HEAD_TILE_ARRAYS)
+  else:   # forms stored by a process without the kernel, or a head split before
     tiles = q8_argmax.tile_form(out[HEAD_FORM], out[HEAD_SCALE])
   if tiles is None or tiles[0].shape[0] % model_shards:
     return
-  out.update(zip((HEAD_TILES, HEAD_TILE_SCALE, HEAD_L1MAX), tiles))
+  out.update(zip(HEAD_TILE_ARRAYS, tiles))
 
 
 def serves() -> bool:
@@ -346,7 +343,9 @@ def with_q8_weights(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE,
   if not serves():
     return params
   counts = {'split': 0, 'bytes split': 0, 'bytes kept': 0, 'q8 bytes': 0, 'unsharded': 0}
-  if forms is not None:
+  if forms is None:
+    forms = all_forms(params, names)
+  else:
     _check_stored(params, forms)
   out = _with_forms(params, tuple(names), model_shards, counts, forms)
   if counts['unsharded']:

@@ -143,10 +143,10 @@ def _entry_files(leaves) -> list[str]:
   return ['config.json', 'metadata.json'] + [f'params/{leaf}.npy' for leaf in leaves]
 
 
-def _verify(entry: Path, marker: dict[str, Any]) -> str | None:
-  """The first file whose content differs from the digest recorded at write time, else None."""
+def _verify(entry: Path, marker: dict[str, Any], names: list[str]) -> str | None:
+  """The first of the entry's files (`names`) whose content differs from the digest the
+  marker recorded at write time, else None."""
   recorded = marker['sha256']
-  names = _entry_files(marker['leaves'])
   if sorted(recorded) != sorted(names):
     return COMPLETE_MARKER
   actual = entry_digests(entry, names)
@@ -160,7 +160,7 @@ def _read_entry(entry: Path) -> tuple[GemmaConfig, dict[str, Any]] | None:
     marker = json.loads((entry / COMPLETE_MARKER).read_text())
     if marker.get('format_version') != FORMAT_VERSION:
       return None
-    damaged = _verify(entry, marker)
+    damaged = _verify(entry, marker, _entry_files(marker['leaves']))
     if damaged is not None:
       logging.warning('weight cache entry %s: %s does not match the digest recorded when it '
                       'was written (damaged on disk); rebuilding the entry', entry, damaged)
@@ -268,12 +268,7 @@ def _read_derived(entry: Path, version: int) -> dict[str, np.ndarray] | None:
     marker = json.loads((entry / COMPLETE_MARKER).read_text())
     if marker.get('format_version') != version:
       return None
-    names = [f'arrays/{name}.npy' for name in marker['names']]
-    if sorted(marker['sha256']) != sorted(names):
-      damaged = COMPLETE_MARKER
-    else:
-      actual = entry_digests(entry, names)
-      damaged = next((n for n in names if actual[n] != marker['sha256'][n]), None)
+    damaged = _verify(entry, marker, [f'arrays/{name}.npy' for name in marker['names']])
     if damaged is not None:
       logging.warning('cache entry %s: %s does not match the digest recorded when it was '
                       'written (damaged on disk); rebuilding the entry', entry, damaged)

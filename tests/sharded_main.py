@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 
 from specjax import sharding  # noqa: E402
 from specjax import sampling
+from specjax.cpu_kernels import q8_amx  # noqa: E402
 from specjax.cpu_kernels import q8_argmax  # noqa: E402
 from specjax.cpu_kernels import q8_matmul  # noqa: E402
 from specjax.decoding import autoregressive, speculative  # noqa: E402
@@ -106,9 +107,11 @@ def main():
                                                  ).logits_BxRxV) for lm in (one, q8_many)]
     logits = [calls[0](plain), calls[1](sharded_q8)]
     program = calls[1].lower(sharded_q8).as_text()
+    offset_targets = (q8_matmul.OFFSET_TARGET, q8_amx.OFFSET_TARGET)   # o's Q4_K-like blocks
     results[f'forward_q8_model{model_size}'] = [
         float(jnp.abs(logits[0] - logits[1]).max()), q8_matmul.TARGET in program,
-        (q8_matmul.OFFSET_TARGET in program) == (model_size == 2)]
+        any(t in program for t in offset_targets) == (model_size == 2),
+        (q8_amx.TARGET in program) == q8_amx.available()]
     # Greedy's argmax from the head's argmax kernel, each shard its own rows of the table.
     greedy_calls = [jax.jit(lambda p, lm=lm: lm.forward(p, tokens, positions, lm.init_cache(4, 16),
                                                         greedy=True).argmax_BxR)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from specjax import sharding
+from specjax.cpu_kernels import q8_amx
 from specjax.cpu_kernels import q8_argmax
 from specjax.cpu_kernels import q8_matmul
 from specjax.cpu_kernels import skinny_matmul
@@ -106,12 +107,16 @@ def test_the_int8_forms_are_added_beside_the_matrices_that_split():
            if q8_argmax.available() else [])   # greedy's argmax without logits (test_q8_argmax)
   assert sorted(set(with_q8) - set(params)) == sorted(
       ['embedding_VxD_q8', 'embedding_VxD_q8scale'] + tiles)
+  # Where Intel AMX serves (test_q8_amx), each layer matrix's tile layout for q8_amx too.
+  amx = ('_q8amxtiles', '_q8amxscale') if q8_amx.available() else ()
   assert sorted(with_q8['layer_0']['attn']) == sorted(
       list(params['layer_0']['attn']) + ['o_DxNH_q8offset']
-      + [f'{m}{s}' for m in ('q_NHxD', 'k_KHxD', 'v_KHxD', 'o_DxNH') for s in ('_q8', '_q8scale')])
+      + (['o_DxNH_q8amxoffset'] if amx else [])
+      + [f'{m}{s}' for m in ('q_NHxD', 'k_KHxD', 'v_KHxD', 'o_DxNH')
+         for s in ('_q8', '_q8scale') + amx])
   mlp = with_q8['layer_3']['mlp']
-  assert sorted(set(mlp) - set(params['layer_3']['mlp'])) == [
-      f'{m}{s}' for m in ('down_DxF', 'gate_FxD', 'up_FxD') for s in ('_q8', '_q8scale')]
+  assert sorted(set(mlp) - set(params['layer_3']['mlp'])) == sorted(
+      f'{m}{s}' for m in ('down_DxF', 'gate_FxD', 'up_FxD') for s in ('_q8', '_q8scale') + amx)
   assert mlp['down_DxF_q8scale'].shape == (cfg.embed_dim, cfg.hidden_dim // 16)  # Q6_K's 16
   head_only = q8_weights.with_q8_weights(params, ('embedding_VxD',))
   assert head_only['layer_0'] == params['layer_0'] and q8_weights.HEAD_FORM in head_only
@@ -168,6 +173,7 @@ def test_the_model_gives_the_same_logits_and_cache_from_the_int8_forms(length):
   # 2 to 15 rows: the float32 path is the skinny kernel, so everything is the same bits;
   # at 1 row it is XLA's GEMV and from 16 XLA's product (the q8 kernel takes 1 to 24).
   cfg, params, with_q8 = _gguf_like_tiny()
+  with_q8 = q8_weights.without_amx(with_q8)   # q8_matmul's own sums (test_q8_amx: the other)
   model = LanguageModel(cfg)
   tokens = jnp.arange(3, 3 + length)[None] % cfg.vocab_size
   positions = jnp.arange(length)[None]

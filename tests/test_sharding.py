@@ -44,10 +44,11 @@ def test_sharded_autoregressive_greedy_matches_one_device(sharded_results):
 
 @pytest.mark.parametrize('model_size', [2, 4])
 def test_sharded_forward_from_int8_forms_matches_one_device(sharded_results, model_size):
-  max_diff, kernel_in_program, offsets_where_they_divide = sharded_results[
+  max_diff, kernel_in_program, offsets_where_they_divide, amx_where_available = sharded_results[
       f'forward_q8_model{model_size}']
   assert kernel_in_program  # each device's part of each matrix, from its int8 blocks
   assert offsets_where_they_divide  # o's Q4_K-like blocks on 2 shards, not on 4
+  assert amx_where_available  # each device's tiles of the layer matrices (test_q8_amx)
   assert max_diff < 1e-4
 
 

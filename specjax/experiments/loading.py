@@ -49,7 +49,7 @@ def _load(model: str, seed: int, mesh_data: int, mesh_model: int):
 
 
 # Bump when what `q8_weights.all_forms` stores changes.
-Q8_FORMS_VERSION = 2   # 2: the head's tile layout for q8_argmax too
+Q8_FORMS_VERSION = 3   # 2: the head's tile layout for q8_argmax too; 3: q8_amx's tiles
 
 
 def cached_forms(model: str, params):

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 
 from specjax import argmax as argmax_lib
 from specjax.cpu_kernels import attention as attention_lib
+from specjax.cpu_kernels import q8_amx as q8_amx_lib
 from specjax.cpu_kernels import q8_argmax as q8_argmax_lib
 from specjax.cpu_kernels import q8_matmul as q8_matmul_lib
 from specjax.cpu_kernels import skinny_matmul as skinny_matmul_lib
@@ -101,17 +102,30 @@ def q8_form(module: nn.Module, name: str) -> tuple[Array, ...] | None:
   return tuple(module.get_variable('params', name + s) for s in suffixes)
 
 
+def amx_form(module: nn.Module, name: str) -> tuple[Array, ...] | None:
+  """The (int8 tiles, float32 scale[, float32 offset]) tile layout of `module`'s parameter
+  `name` for `q8_amx`, where the params carry one (`q8_weights.with_q8_weights`), else None."""
+  if not module.has_variable('params', name + q8_weights.AMX_SUFFIXES[0]):
+    return None
+  return tuple(module.get_variable('params', name + s) for s in q8_weights.AMX_SUFFIXES
+               if module.has_variable('params', name + s))
+
+
 def linear(x_BxTxI: Array, w_OxI: Array, out_dtype: Any = None,
-           q8: tuple[Array, ...] | None = None) -> Array:
+           q8: tuple[Array, ...] | None = None, amx: tuple[Array, ...] | None = None) -> Array:
   """x @ w.T for a matrix stored (out, in), computed as (w @ x.T).T.
 
   On CPU the product's [O, B*T] result passes an optimization barrier before
   it is transposed: without it XLA folds the transpose into the matmul's
   output layout and picks its slow small-M kernel again. A float32 product of
   a few rows on CPU takes specjax's skinny-matmul kernel, or, given the
-  matrix's int8 form `q8` (`q8_weights`), the kernel that reads that.
+  matrix's int8 form `q8` (`q8_weights`), the kernel that reads that, or given its
+  tile layout `amx` too, Intel AMX's tile products of it (`q8_amx`, 1 to 64 rows).
   """
   b, t, i = x_BxTxI.shape
+  if amx is not None and q8_amx_lib.applies(b * t, x_BxTxI):
+    y_NxO = q8_amx_lib.q8_amx_matmul(x_BxTxI.reshape(b * t, i), *amx)
+    return y_NxO.astype(out_dtype or x_BxTxI.dtype).reshape(b, t, w_OxI.shape[0])
   if q8 is not None and q8_matmul_lib.applies(b * t, x_BxTxI):
     y_NxO = q8_matmul_lib.q8_matmul(x_BxTxI.reshape(b * t, i), *q8)
     return y_NxO.astype(out_dtype or x_BxTxI.dtype).reshape(b, t, w_OxI.shape[0])
@@ -243,9 +257,12 @@ class Attention(nn.Module):
     o_DxNH = self.param('o_DxNH', init, (cfg.embed_dim, num_q * h_dim))
 
     b, t = x_BxTxD.shape[:2]
-    q = linear(x_BxTxD, q_NHxD, q8=q8_form(self, 'q_NHxD')).reshape(b, t, num_q, h_dim)
-    k = linear(x_BxTxD, k_KHxD, q8=q8_form(self, 'k_KHxD')).reshape(b, t, num_kv, h_dim)
-    v = linear(x_BxTxD, v_KHxD, q8=q8_form(self, 'v_KHxD')).reshape(b, t, num_kv, h_dim)
+    q = linear(x_BxTxD, q_NHxD, q8=q8_form(self, 'q_NHxD'),
+               amx=amx_form(self, 'q_NHxD')).reshape(b, t, num_q, h_dim)
+    k = linear(x_BxTxD, k_KHxD, q8=q8_form(self, 'k_KHxD'),
+               amx=amx_form(self, 'k_KHxD')).reshape(b, t, num_kv, h_dim)
+    v = linear(x_BxTxD, v_KHxD, q8=q8_form(self, 'v_KHxD'),
+               amx=amx_form(self, 'v_KHxD')).reshape(b, t, num_kv, h_dim)
     if cfg.use_qk_norm:
       q = RMSNorm(cfg.rms_norm_eps, name='query_norm')(q)
       k = RMSNorm(cfg.rms_norm_eps, name='key_norm')(k)
@@ -290,7 +307,8 @@ class Attention(nn.Module):
     attend = attention_lib.attention if use_kernel else attention_lib.xla_attention
     out_BxTxKxGxH = attend(q_BxTxKxGxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, cfg.attn_logit_softcap)
     out_BxTxNH = out_BxTxKxGxH.reshape(b, t, num_q * h_dim)
-    out_BxTxD = linear(out_BxTxNH, o_DxNH, q8=q8_form(self, 'o_DxNH'))
+    out_BxTxD = linear(out_BxTxNH, o_DxNH, q8=q8_form(self, 'o_DxNH'),
+                       amx=amx_form(self, 'o_DxNH'))
     if self.model_axis is not None:
       out_BxTxD = jax.lax.psum(out_BxTxD, self.model_axis)
     return out_BxTxD, layer_cache
@@ -309,9 +327,11 @@ class MLP(nn.Module):
     gate_FxD = self.param('gate_FxD', init, (hidden, cfg.embed_dim))
     up_FxD = self.param('up_FxD', init, (hidden, cfg.embed_dim))
     down_DxF = self.param('down_DxF', init, (cfg.embed_dim, hidden))
-    gate = linear(x_BxTxD, gate_FxD, q8=q8_form(self, 'gate_FxD'))
-    h = jax.nn.gelu(gate, approximate=True) * linear(x_BxTxD, up_FxD, q8=q8_form(self, 'up_FxD'))
-    out = linear(h, down_DxF, q8=q8_form(self, 'down_DxF'))
+    gate = linear(x_BxTxD, gate_FxD, q8=q8_form(self, 'gate_FxD'),
+                  amx=amx_form(self, 'gate_FxD'))
+    up = linear(x_BxTxD, up_FxD, q8=q8_form(self, 'up_FxD'), amx=amx_form(self, 'up_FxD'))
+    h = jax.nn.gelu(gate, approximate=True) * up
+    out = linear(h, down_DxF, q8=q8_form(self, 'down_DxF'), amx=amx_form(self, 'down_DxF'))
     if self.model_axis is not None:
       out = jax.lax.psum(out, self.model_axis)
     return out

@@ -49,6 +49,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from specjax.cpu_kernels import q8_amx
 from specjax.cpu_kernels import q8_argmax
 from specjax.cpu_kernels import q8_matmul
 
@@ -66,7 +67,12 @@ HEAD_FORM = 'embedding_VxD' + Q8_SUFFIX  # present when the tied head is served 
 HEAD_SCALE = 'embedding_VxD' + SCALE_SUFFIX
 # The head's form again in the tile layout of `cpu_kernels/q8_argmax` (greedy's argmax without
 # the logits), where that kernel is built: split over the 'model' axis like the table's rows.
-TILE_SUFFIXES = ('_q8tilescale', '_q8tiles', '_q8l1max')   # longest first: see `base_name`
+# The q, k, v, o, gate, up and down matrices' forms again in the tile layout of
+# `cpu_kernels/q8_amx` (Intel AMX's tile products), where that kernel is available; split like
+# the matrix (a row of tiles holds 16 outputs, its columns run along the input).
+AMX_SUFFIXES = ('_q8amxtiles', '_q8amxscale', '_q8amxoffset')   # q8_amx's operands, in order
+TILE_SUFFIXES = ('_q8amxoffset', '_q8amxscale', '_q8amxtiles',
+                 '_q8tilescale', '_q8tiles', '_q8l1max')   # longest first: see `base_name`
 HEAD_TILES = 'embedding_VxD_q8tiles'
 HEAD_TILE_SCALE = 'embedding_VxD_q8tilescale'
 HEAD_L1MAX = 'embedding_VxD_q8l1max'
@@ -275,7 +281,26 @@ def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
     tiles = q8_argmax.tile_form(flat[HEAD_FORM], flat[HEAD_SCALE])
     if tiles is not None:
       flat.update(zip(HEAD_TILE_ARRAYS, tiles))
+  if q8_amx.available():
+    for (path, name, _, _), form in zip(matrices, forms):
+      if form is not None and (amx := _amx_form(name, form)) is not None:
+        flat.update((_leaf_name(path, name) + k, v) for k, v in zip(AMX_SUFFIXES, amx)
+                    if v is not None)
   return flat
+
+
+def _amx_form(name: str, form: Form) -> tuple[np.ndarray, ...] | None:
+  """`q8_amx.tile_form` of a layer matrix's form; None for the head (its logits stay
+  `q8_matmul`'s, which `q8_argmax` reproduces bit for bit) and where the layout does not fit."""
+  if name == 'embedding_VxD':
+    return None
+  return q8_amx.tile_form(form.q, form.scale, form.offset)
+
+
+def _stored_amx(stored: dict[str, np.ndarray], leaf: str) -> tuple[np.ndarray, ...] | None:
+  if leaf + AMX_SUFFIXES[0] not in stored:
+    return None
+  return tuple(stored.get(leaf + k) for k in AMX_SUFFIXES)
 
 
 def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
@@ -302,6 +327,13 @@ def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
     node[name + Q8_SUFFIX], node[name + SCALE_SUFFIX] = form.q, form.scale
     if form.offset is not None:
       node[name + OFFSET_SUFFIX] = form.offset
+    if q8_amx.available():
+      amx = _stored_amx(stored, _leaf_name(path, name)) or _amx_form(name, form)
+      # A matrix split by its output must leave each shard whole rows of tiles (its split by
+      # input already leaves each whole blocks: checked above).
+      if amx is not None and (name in SPLIT_BY_INPUT or amx[0].shape[0] % model_shards == 0):
+        node.update((name + k, v) for k, v in zip(AMX_SUFFIXES, amx) if v is not None)
+        counts['amx'] += 1
     counts['split'] += 1
     counts['q8 bytes'] += sum(a.nbytes for a in form if a is not None)
   return out
@@ -324,6 +356,13 @@ def _with_head_tiles(out: dict[str, Any], model_shards: int,
   out.update(zip(HEAD_TILE_ARRAYS, tiles))
 
 
+def without_amx(params: dict[str, Any]) -> dict[str, Any]:
+  """`params` without `q8_amx`'s tile layouts: its products then go to `q8_matmul` (to compare
+  the two kernels in one process)."""
+  return {k: without_amx(v) if isinstance(v, dict) else v for k, v in params.items()
+          if not k.endswith(AMX_SUFFIXES)}
+
+
 def serves() -> bool:
   """Whether int8 forms serve this run: on CPU, with the kernel built."""
   return jax.default_backend() == 'cpu' and q8_matmul.available()
@@ -342,7 +381,8 @@ def with_q8_weights(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE,
     raise ValueError(f'only {SPLITTABLE} are split, not {sorted(set(names) - set(SPLITTABLE))}')
   if not serves():
     return params
-  counts = {'split': 0, 'bytes split': 0, 'bytes kept': 0, 'q8 bytes': 0, 'unsharded': 0}
+  counts = {'split': 0, 'bytes split': 0, 'bytes kept': 0, 'q8 bytes': 0, 'unsharded': 0,
+            'amx': 0}
   if forms is None:
     forms = all_forms(params, names)
   else:
@@ -355,6 +395,9 @@ def with_q8_weights(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE,
     logging.info('no matrix of this model is exactly int8 blocks: all are served as they are')
     return params
   _with_head_tiles(out, model_shards, forms)
+  if counts['amx']:
+    logging.info('%d matrices take Intel AMX tile products (q8_amx) for 1 to %d rows',
+                 counts['amx'], q8_amx.MAX_ROWS)
   logging.info('serving %d matrices from their int8 blocks: %.0f MB a step instead of %.0f MB '
                '(%.0f MB of other matrices as they are)', counts['split'],
                counts['q8 bytes'] / 1e6, counts['bytes split'] / 1e6, counts['bytes kept'] / 1e6)

@@ -1,0 +1,492 @@
+// y[N, O] = x[N, I] @ w[O, I]^T in float32 for a matrix held as int8 blocks
+// (w[o, i] = q[o, i] * scale[o, i / B] (- offset[o, i / B]), B 16 or 32, as
+// q8_matmul.cc), by Intel AMX's integer tile products. Two XLA:CPU FFI calls,
+// without and with offset, and `specjax_q8_amx_supported`.
+//
+// Why: at one row a product of the 270M's layers is bound by reading the int8
+// weights, but at 5 to 24 rows (a verify call, a batch) q8_matmul.cc rebuilds
+// every weight as a float and does one float32 multiply-add a row: 16 a
+// 512-bit instruction. An AMX tile product (TDPBSSD) does 16 x 16 x 64 int8
+// multiply-adds, exactly, in int32, from the int8 weights as they are. The
+// weights stay exact; x is what must become integers.
+//
+// x as integers: for each row n and block b of B inputs, with e such that
+// max|x| < 2^e, every x[n, i] of the block becomes X * 2^(e - 22) for the
+// integer X = rint(x * 2^(22 - e)), |X| <= 2^22, written as kLimbs = 3 signed
+// bytes, X = l0 + 2^8 l1 + 2^16 l2 (each in [-128, 127]). That rounds x to 22
+// bits of its block's largest magnitude: a block's dot product is off by at
+// most 2^-23 * max|x| * sum|w|, where float32's own sum is off by up to
+// 2^-24 * sum|w x| at each of its I / 8 additions. On the 270M, over 9 raw-text
+// positions (6 December 2026), the logits differed from XLA's float32 forward
+// over the dequantized weights by at most 7.3e-5, and q8_matmul's by 7.2e-5.
+// Four bytes (30 bits) made 9-row products 1.7x slower (three tile products a
+// block instead of two) for no difference a logit showed.
+//
+// A tile product per block: rows of A are the limbs of every row of x over
+// the block's B inputs (row n * kLimbs + l), B is the tile of 16 outputs x B
+// inputs of w, and C[n * kLimbs + l][o] = sum_i l_l[n, i] * q[o, i], an exact
+// int32 (|C| <= 32 * 128 * 128). Then per row and block, in float32 and in
+// this fixed order: D = C0 * 2^f + C1 * 2^(f + 8) + C2 * 2^(f + 16)
+// (f = e - 22), y += scale[o, b] * D, and for an offset form y -= offset[o, b]
+// * S, S the block's sum of x from the same integers (exact, one rounding).
+// Every y[n, o] is made of row n's own numbers in an order that does not
+// depend on N, the other rows, the tile or the thread: row n of y is the same
+// bits whatever N, as a decode step and a verify call must give. The sums
+// differ from q8_matmul's (which adds float32 products in 8 lanes) by
+// rounding: a deterministic kernel of its own, used for every product of 1 to
+// MAX_ROWS rows of a model's layers where it is available, decode and
+// verification alike.
+//
+// A row of x with a NaN or an infinity, or so large (2^100) that its scaled
+// integers' weights overflow, takes a plain float32 sum over the weights,
+// so it gives what float arithmetic gives (NaN, inf).
+//
+// The weights are read in a tile layout made at load (q8_amx.py's
+// `tile_form`): q as int8 [O / 16][I / 4][16][4] (a tile's rows are 4
+// consecutive inputs of 16 outputs, as TDPBSSD reads B), the scales (and
+// offsets) as [O / 16][I / B][16] (16 outputs' scales for a block in one
+// vector).
+//
+// Needs AMX-TILE and AMX-INT8 (Sapphire Rapids and later) and the kernel's
+// permission to use tile data (Linux's arch_prctl ARCH_REQ_XCOMP_PERM, asked
+// once); `specjax_q8_amx_supported` says whether this build on this CPU has
+// them. Elsewhere callers take q8_matmul.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
+#define SPECJAX_Q8_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "pool_work.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kCols = 16;        // outputs per tile: one 512-bit vector of int32 sums
+constexpr int kLimbs = 3;        // signed bytes per integer of x
+constexpr int kKeptBits = 22;    // |X| <= 2^22: three balanced bytes hold it (see the top)
+constexpr int kTileRows = 16;    // rows of A (and C) per tile
+constexpr int64_t kPrefetchBytes = 16384;   // tiles read ahead, as q8_matmul.cc
+
+#if defined(SPECJAX_Q8_AMX)
+
+bool request_tile_permission() {
+  constexpr int kArchReqXcompPerm = 0x1023;
+  constexpr int kXfeatureXtiledata = 18;
+  static const bool granted =
+      syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return granted;
+}
+
+bool cpu_has_amx_int8() {
+  unsigned eax, ebx, ecx, edx;
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+  const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
+  return tile && int8;
+}
+
+bool amx_usable() {
+  static const bool usable = cpu_has_amx_int8() && request_tile_permission();
+  return usable;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig tile_config(int64_t B) {
+  TileConfig c;
+  for (int set = 0; set < 2; ++set) {   // registers 0-3 and 4-7: B, A, C, C
+    const int t = 4 * set;
+    c.rows[t] = static_cast<uint8_t>(B / 4);   // 4 inputs of 16 outputs a row
+    c.colsb[t] = 64;
+    c.rows[t + 1] = kTileRows;
+    c.colsb[t + 1] = static_cast<uint16_t>(B);    // B inputs of a limb row
+    for (int k = 2; k < 4; ++k) {
+      c.rows[t + k] = kTileRows;
+      c.colsb[t + k] = 64;                        // 16 int32 sums
+    }
+  }
+  return c;
+}
+
+#endif  // SPECJAX_Q8_AMX
+
+// 2^k as a float (0 or inf beyond its range), without a library call: the prologue of
+// every product runs it for each row and block.
+inline float pow2(int k) {
+  if (k < -126 || k > 127) return std::ldexp(1.0f, k);
+  const uint32_t bits = static_cast<uint32_t>(k + 127) << 23;
+  float v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+// e with 2^(e - 1) <= a < 2^e (std::frexp's exponent) for a finite a > 0.
+inline int exponent(float a) {
+  uint32_t bits;
+  std::memcpy(&bits, &a, sizeof(bits));
+  const int biased = static_cast<int>(bits >> 23) & 255;
+  if (biased == 0) {   // subnormal
+    int e;
+    std::frexp(a, &e);
+    return e;
+  }
+  return biased - 126;
+}
+
+// x's rows as integers (see the top).
+struct IntegerRows {
+  int64_t N = 0, I = 0, B = 0, blocks = 0, a_rows = 0;
+  std::vector<int8_t> limbs;     // [a_rows][I], row n * kLimbs + l; rows past N * kLimbs zero
+  std::vector<float> weights;    // [N][blocks][kLimbs]: 2^(f + 8 l)
+  std::vector<float> sums;       // [N][blocks]: the block's sum of x (offset forms)
+  std::vector<uint8_t> on_tiles; // [N]: 0 where the row takes the float path
+};
+
+#if defined(SPECJAX_Q8_AMX)
+// Row n's block of B inputs (B a multiple of 16) as integers X = rint(x * 2^up_exponent),
+// written as limbs at limbs[l * stride + i]; returns the sum of the X (if `with_sum`). The same X as the
+// scalar path below: x times a power of two is exact, and the conversion rounds to nearest
+// even.
+inline int64_t vector_block(const float* xb, int64_t B, int up_exponent, int8_t* limbs,
+                            int64_t stride, bool with_sum) {
+  const __m512 up = _mm512_set1_ps(pow2(up_exponent));
+  __m512i sum = _mm512_setzero_si512();   // 8 int64 lanes
+  for (int64_t i = 0; i < B; i += 16) {
+    __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + i), up));
+    if (with_sum) {
+      sum = _mm512_add_epi64(sum, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(X)));
+      sum = _mm512_add_epi64(sum, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(X, 1)));
+    }
+#pragma GCC unroll 4
+    for (int l = 0; l < kLimbs; ++l) {
+      const __m512i limb = _mm512_srai_epi32(_mm512_slli_epi32(X, 24), 24);   // in [-128, 127]
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(limbs + l * stride + i),
+                       _mm512_cvtepi32_epi8(limb));
+      X = _mm512_srai_epi32(_mm512_sub_epi32(X, limb), 8);
+    }
+  }
+  return with_sum ? _mm512_reduce_add_epi64(sum) : 0;
+}
+#endif
+
+// The same, one element at a time, for any exponent.
+inline int64_t scalar_block(const float* xb, int64_t B, int up_exponent, int8_t* limbs,
+                            int64_t stride) {
+  int64_t sum = 0;
+  for (int64_t i = 0; i < B; ++i) {
+    int64_t X = static_cast<int64_t>(
+        std::nearbyint(std::ldexp(static_cast<double>(xb[i]), up_exponent)));
+    sum += X;
+    for (int l = 0; l < kLimbs; ++l) {
+      const int64_t limb = ((X + 128) & 255) - 128;
+      limbs[l * stride + i] = static_cast<int8_t>(limb);
+      X = (X - limb) >> 8;
+    }
+  }
+  return sum;
+}
+
+// Whether every element of x[I] is finite and under 2^100 in magnitude, and the largest
+// magnitude of each block of B.
+bool block_maxima(const float* x, int64_t I, int64_t B, float* amax) {
+#if defined(SPECJAX_Q8_AMX)
+  const __m512 limit = _mm512_set1_ps(0x1p100f);
+  __mmask16 bad = 0;
+  for (int64_t b = 0; b < I / B; ++b) {
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t i = b * B; i < (b + 1) * B; i += 16) {
+      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+      bad |= _mm512_cmp_ps_mask(a, limit, _CMP_NLT_UQ);   // NaN, inf or too large
+      m = _mm512_max_ps(m, a);
+    }
+    amax[b] = _mm512_reduce_max_ps(m);
+  }
+  return bad == 0;
+#else
+  bool ok = true;
+  for (int64_t b = 0; b < I / B; ++b) {
+    amax[b] = 0.0f;
+    for (int64_t i = b * B; i < (b + 1) * B; ++i) {
+      if (!(std::fabs(x[i]) < 0x1p100f)) ok = false;
+      amax[b] = std::max(amax[b], std::fabs(x[i]));
+    }
+  }
+  return ok;
+#endif
+}
+
+IntegerRows to_integers(const float* x, int64_t N, int64_t I, int64_t B, bool with_sums) {
+  IntegerRows r;
+  r.N = N, r.I = I, r.B = B, r.blocks = I / B;
+  r.a_rows = (N * kLimbs + kTileRows - 1) / kTileRows * kTileRows;
+  r.limbs.assign(r.a_rows * I, 0);
+  r.weights.assign(N * r.blocks * kLimbs, 0.0f);
+  r.sums.assign(N * r.blocks, 0.0f);
+  r.on_tiles.assign(N, 1);
+  std::vector<float> amax(r.blocks);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xn = x + n * I;
+    r.on_tiles[n] = block_maxima(xn, I, B, amax.data());
+    if (!r.on_tiles[n]) continue;
+    for (int64_t b = 0; b < r.blocks; ++b) {
+      if (amax[b] == 0.0f) continue;   // integers 0, weights 0
+      const int e = exponent(amax[b]);   // amax < 2^e
+      const int f = e - kKeptBits;
+      const float* xb = xn + b * B;
+      int8_t* limbs = &r.limbs[n * kLimbs * I + b * B];
+#if defined(SPECJAX_Q8_AMX)
+      const bool vector = e >= -90;   // 2^-f a finite float
+#else
+      const bool vector = false;
+#endif
+      const int64_t sum = vector ? vector_block(xb, B, -f, limbs, I, with_sums)
+                                 : scalar_block(xb, B, -f, limbs, I);
+      float* w = &r.weights[(n * r.blocks + b) * kLimbs];
+      for (int l = 0; l < kLimbs; ++l) w[l] = pow2(f + 8 * l);
+      if (with_sums)
+        r.sums[n * r.blocks + b] = static_cast<float>(std::ldexp(static_cast<double>(sum), f));
+    }
+  }
+  return r;
+}
+
+struct TiledMatrix {
+  const int8_t* tiles;     // [O / 16][I / 4][16][4]
+  const float* scale;      // [O / 16][I / B][16]
+  const float* offset;     // like scale, or null
+  int64_t O, I, B, blocks;
+};
+
+// y[n, o] for a row of x that takes the float path: w rebuilt in float32 and
+// summed in order of i (NaN and inf propagate as float arithmetic has them).
+void float_row(const float* x, const TiledMatrix& w, float* y, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int j = 0; j < kCols; ++j) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < w.I; ++i) {
+        const int64_t b = i / w.B, s = (g * w.blocks + b) * kCols + j;
+        const float q = w.tiles[((g * (w.I / 4) + i / 4) * kCols + j) * 4 + i % 4];
+        const float wi = w.offset ? q * w.scale[s] - w.offset[s] : q * w.scale[s];
+        acc += wi * x[i];
+      }
+      y[g * kCols + j] = acc;
+    }
+  }
+}
+
+#if defined(SPECJAX_Q8_AMX)
+
+// 64-byte aligned storage for tile stores and vectors.
+template <typename T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <typename U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  bool operator==(const AlignedAllocator&) const { return true; }
+  bool operator!=(const AlignedAllocator&) const { return false; }
+};
+
+// Block b's sums for every A tile, into c[a_tiles][16][16]: weights in tile TB, limbs in TA,
+// the sums alternating between TC0 and TC1 so that one tile's product runs while the
+// other's is stored (tile registers are not renamed: a register's next product waits for
+// its store). A macro: the intrinsics paste the register numbers into the instructions.
+#define SPECJAX_BLOCK_SUMS(NAME, TB, TA, TC0, TC1)                                      \
+  inline void NAME(const IntegerRows& x, const int8_t* tile, int64_t b, int32_t* c) {    \
+    _tile_loadd(TB, tile, 64);                                                         \
+    const int64_t a_tiles = x.a_rows / kTileRows;                                      \
+    const int8_t* limbs = x.limbs.data() + b * x.B;                                    \
+    int64_t a = 0;                                                                     \
+    for (; a + 2 <= a_tiles; a += 2) {                                                 \
+      _tile_zero(TC0);                                                                 \
+      _tile_zero(TC1);                                                                 \
+      _tile_loadd(TA, limbs + a * kTileRows * x.I, x.I);                               \
+      _tile_dpbssd(TC0, TA, TB);                                                       \
+      _tile_loadd(TA, limbs + (a + 1) * kTileRows * x.I, x.I);                         \
+      _tile_dpbssd(TC1, TA, TB);                                                       \
+      _tile_stored(TC0, c + a * kTileRows * kCols, 64);                                \
+      _tile_stored(TC1, c + (a + 1) * kTileRows * kCols, 64);                          \
+    }                                                                                  \
+    if (a < a_tiles) {                                                                 \
+      _tile_zero(TC0);                                                                 \
+      _tile_loadd(TA, limbs + a * kTileRows * x.I, x.I);                               \
+      _tile_dpbssd(TC0, TA, TB);                                                       \
+      _tile_stored(TC0, c + a * kTileRows * kCols, 64);                                \
+    }                                                                                  \
+  }
+SPECJAX_BLOCK_SUMS(block_sums_even, 0, 1, 2, 3)
+SPECJAX_BLOCK_SUMS(block_sums_odd, 4, 5, 6, 7)
+#undef SPECJAX_BLOCK_SUMS
+
+// acc[n] += block b's part of y[n, 16 outputs], from its sums c (see the top).
+template <bool kOffset>
+inline void add_block(const IntegerRows& x, const TiledMatrix& w, const int32_t* c, int64_t g,
+                      int64_t b, __m512* acc) {
+  const int64_t s = (g * w.blocks + b) * kCols;
+  const __m512 scale = _mm512_loadu_ps(w.scale + s);
+  const __m512 offset = kOffset ? _mm512_loadu_ps(w.offset + s) : scale;
+  for (int64_t n = 0; n < x.N; ++n) {
+    const float* weights = &x.weights[(n * x.blocks + b) * kLimbs];
+    const int32_t* cn = c + n * kLimbs * kCols;
+    __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cn)),
+                             _mm512_set1_ps(weights[0]));
+#pragma GCC unroll 4
+    for (int l = 1; l < kLimbs; ++l)
+      d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cn + l * kCols)),
+                          _mm512_set1_ps(weights[l]), d);
+    acc[n] = _mm512_fmadd_ps(scale, d, acc[n]);
+    if constexpr (kOffset)
+      acc[n] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(x.sums[n * x.blocks + b]), acc[n]);
+  }
+}
+
+// Output tiles [g0, g1) of y for every row on tiles. Two blocks in flight: block b's tile
+// products are issued before block b - 1's sums are added up, in other registers and
+// buffers, so the two overlap.
+template <bool kOffset>
+void tile_rows(const IntegerRows& x, const TiledMatrix& w, float* y, int64_t g0, int64_t g1) {
+  const TileConfig config = tile_config(w.B);
+  _tile_loadconfig(&config);
+  const int64_t tile_bytes = w.B * kCols;   // one block of 16 outputs
+  const int64_t c_size = x.a_rows * kCols;
+  // Buffers kept by each thread from call to call (a call lasts microseconds).
+  thread_local std::vector<int32_t, AlignedAllocator<int32_t>> c_buffer;
+  thread_local std::vector<__m512, AlignedAllocator<__m512>> acc;
+  if (static_cast<int64_t>(c_buffer.size()) < 2 * c_size) c_buffer.resize(2 * c_size);
+  if (static_cast<int64_t>(acc.size()) < x.N) acc.resize(x.N);
+  int32_t* c[2] = {c_buffer.data(), c_buffer.data() + c_size};
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t n = 0; n < x.N; ++n) acc[n] = _mm512_setzero_ps();
+    const int8_t* tiles_g = w.tiles + g * w.I * kCols;
+    for (int64_t b = 0; b <= w.blocks; ++b) {
+      if (b < w.blocks) {
+        const int8_t* tile = tiles_g + b * tile_bytes;
+        for (int64_t p = 0; p < tile_bytes; p += 64)
+          __builtin_prefetch(tile + kPrefetchBytes + p, 0, 2);
+        if (b % 2 == 0) {
+          block_sums_even(x, tile, b, c[0]);
+        } else {
+          block_sums_odd(x, tile, b, c[1]);
+        }
+      }
+      if (b > 0) add_block<kOffset>(x, w, c[(b - 1) % 2], g, b - 1, acc.data());
+    }
+    for (int64_t n = 0; n < x.N; ++n)
+      if (x.on_tiles[n]) _mm512_storeu_ps(y + n * w.O + g * kCols, acc[n]);
+  }
+  _tile_release();
+}
+
+#endif  // SPECJAX_Q8_AMX
+
+
+ffi::Error Run(ffi::ThreadPool pool, const ffi::Buffer<ffi::F32>& x_NxI,
+               const ffi::Buffer<ffi::S8>& tiles, const ffi::Buffer<ffi::F32>& scale,
+               const ffi::Buffer<ffi::F32>* offset, ffi::ResultBuffer<ffi::F32>& y_NxO) {
+#if defined(SPECJAX_Q8_AMX)
+  const auto xd = x_NxI.dimensions(), td = tiles.dimensions(), sd = scale.dimensions();
+  const bool shapes_ok =
+      xd.size() == 2 && td.size() == 2 && sd.size() == 2 && td[0] == sd[0] &&
+      td[1] == xd[1] * kCols && sd[1] % kCols == 0 && sd[1] > 0 &&
+      xd[1] % (sd[1] / kCols) == 0 &&
+      (xd[1] / (sd[1] / kCols) == 16 || xd[1] / (sd[1] / kCols) == 32) &&
+      (offset == nullptr || std::equal(offset->dimensions().begin(), offset->dimensions().end(),
+                                       sd.begin(), sd.end()));
+  if (!shapes_ok) {
+    return ffi::Error::InvalidArgument(
+        "q8_amx: expected x[N, I], tiles[O / 16, I * 16], scale[O / 16, I / B * 16] "
+        "(and offset like scale), B 16 or 32");
+  }
+  if (!amx_usable()) {
+    return ffi::Error::Internal("q8_amx: this CPU or OS does not let the process use AMX "
+                                "(check specjax_q8_amx_supported first)");
+  }
+  const int64_t N = xd[0], I = xd[1], G = td[0], blocks = sd[1] / kCols;
+  const TiledMatrix w{tiles.typed_data(), scale.typed_data(),
+                      offset ? offset->typed_data() : nullptr, G * kCols, I, I / blocks, blocks};
+  if (N == 0 || G == 0) return ffi::Error::Success();
+  const float* x = x_NxI.typed_data();
+  float* y = y_NxO->typed_data();
+  const auto rows = std::make_shared<IntegerRows>(to_integers(x, N, I, w.B, w.offset != nullptr));
+  // About two chunks a thread: each chunk loads the tile configuration and its buffers once.
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t per_chunk = std::max<int64_t>(4, (G + 2 * threads - 1) / (2 * threads));
+  specjax::run_row_chunks(pool, G, per_chunk, [=](int64_t g0, int64_t g1) {
+    if (w.offset) {
+      tile_rows<true>(*rows, w, y, g0, g1);
+    } else {
+      tile_rows<false>(*rows, w, y, g0, g1);
+    }
+    for (int64_t n = 0; n < N; ++n)
+      if (!rows->on_tiles[n]) float_row(x + n * I, w, y + n * w.O, g0, g1);
+  });
+  return ffi::Error::Success();
+#else
+  (void)pool, (void)x_NxI, (void)tiles, (void)scale, (void)offset, (void)y_NxO;
+  return ffi::Error::Internal("q8_amx: this build has no AMX-INT8 (see "
+                              "specjax_q8_amx_supported)");
+#endif
+}
+
+ffi::Error Q8AmxMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
+                       ffi::Buffer<ffi::S8> tiles, ffi::Buffer<ffi::F32> scale,
+                       ffi::ResultBuffer<ffi::F32> y_NxO) {
+  return Run(pool, x_NxI, tiles, scale, nullptr, y_NxO);
+}
+
+ffi::Error Q8AmxOffsetMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
+                             ffi::Buffer<ffi::S8> tiles, ffi::Buffer<ffi::F32> scale,
+                             ffi::Buffer<ffi::F32> offset, ffi::ResultBuffer<ffi::F32> y_NxO) {
+  return Run(pool, x_NxI, tiles, scale, &offset, y_NxO);
+}
+
+ffi::Error Supported(ffi::ResultBuffer<ffi::S32> out) {
+#if defined(SPECJAX_Q8_AMX)
+  *out->typed_data() = amx_usable() ? 1 : 0;
+#else
+  *out->typed_data() = 0;
+#endif
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_amx_matmul_f32, Q8AmxMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_amx_offset_matmul_f32, Q8AmxOffsetMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_amx_supported, Supported,
+                              ffi::Ffi::Bind().Ret<ffi::Buffer<ffi::S32>>());

@@ -60,13 +60,7 @@
 #include <new>
 #include <vector>
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
-#define SPECJAX_Q8_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
+#include "amx_tiles.h"
 #include "pool_work.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -80,53 +74,20 @@ constexpr int kKeptBits = 22;    // |X| <= 2^22: three balanced bytes hold it (s
 constexpr int kTileRows = 16;    // rows of A (and C) per tile
 constexpr int64_t kPrefetchBytes = 16384;   // tiles read ahead, as q8_matmul.cc
 
-#if defined(SPECJAX_Q8_AMX)
+#if defined(SPECJAX_AMX)
 
-bool request_tile_permission() {
-  constexpr int kArchReqXcompPerm = 0x1023;
-  constexpr int kXfeatureXtiledata = 18;
-  static const bool granted =
-      syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  return granted;
-}
-
-bool cpu_has_amx_int8() {
-  unsigned eax, ebx, ecx, edx;
-  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
-  const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
-  return tile && int8;
-}
-
-bool amx_usable() {
-  static const bool usable = cpu_has_amx_int8() && request_tile_permission();
-  return usable;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-TileConfig tile_config(int64_t B) {
-  TileConfig c;
-  for (int set = 0; set < 2; ++set) {   // registers 0-3 and 4-7: B, A, C, C
-    const int t = 4 * set;
-    c.rows[t] = static_cast<uint8_t>(B / 4);   // 4 inputs of 16 outputs a row
-    c.colsb[t] = 64;
-    c.rows[t + 1] = kTileRows;
-    c.colsb[t + 1] = static_cast<uint16_t>(B);    // B inputs of a limb row
-    for (int k = 2; k < 4; ++k) {
-      c.rows[t + k] = kTileRows;
-      c.colsb[t + k] = 64;                        // 16 int32 sums
-    }
+specjax::TileConfig tile_config(int64_t B) {
+  specjax::TileConfig c;
+  for (int t : {0, 4}) {   // registers 0-3 and 4-7: B, A, C, C
+    c.set(t, static_cast<int>(B / 4), 64);          // 4 inputs of 16 outputs a row
+    c.set(t + 1, kTileRows, static_cast<int>(B));   // B inputs of a limb row
+    c.set(t + 2, kTileRows, 64);                    // 16 int32 sums
+    c.set(t + 3, kTileRows, 64);
   }
   return c;
 }
 
-#endif  // SPECJAX_Q8_AMX
+#endif  // SPECJAX_AMX
 
 // 2^k as a float (0 or inf beyond its range), without a library call: the prologue of
 // every product runs it for each row and block.
@@ -160,7 +121,7 @@ struct IntegerRows {
   std::vector<uint8_t> on_tiles; // [N]: 0 where the row takes the float path
 };
 
-#if defined(SPECJAX_Q8_AMX)
+#if defined(SPECJAX_AMX)
 // Row n's block of B inputs (B a multiple of 16) as integers X = rint(x * 2^up_exponent),
 // written as limbs at limbs[l * stride + i]; returns the sum of the X (if `with_sum`). The same X as the
 // scalar path below: x times a power of two is exact, and the conversion rounds to nearest
@@ -207,7 +168,7 @@ inline int64_t scalar_block(const float* xb, int64_t B, int up_exponent, int8_t*
 // Whether every element of x[I] is finite and under 2^100 in magnitude, and the largest
 // magnitude of each block of B.
 bool block_maxima(const float* x, int64_t I, int64_t B, float* amax) {
-#if defined(SPECJAX_Q8_AMX)
+#if defined(SPECJAX_AMX)
   const __m512 limit = _mm512_set1_ps(0x1p100f);
   __mmask16 bad = 0;
   for (int64_t b = 0; b < I / B; ++b) {
@@ -252,7 +213,7 @@ IntegerRows to_integers(const float* x, int64_t N, int64_t I, int64_t B, bool wi
       const int f = e - kKeptBits;
       const float* xb = xn + b * B;
       int8_t* limbs = &r.limbs[n * kLimbs * I + b * B];
-#if defined(SPECJAX_Q8_AMX)
+#if defined(SPECJAX_AMX)
       const bool vector = e >= -90;   // 2^-f a finite float
 #else
       const bool vector = false;
@@ -292,7 +253,7 @@ void float_row(const float* x, const TiledMatrix& w, float* y, int64_t g0, int64
   }
 }
 
-#if defined(SPECJAX_Q8_AMX)
+#if defined(SPECJAX_AMX)
 
 // 64-byte aligned storage for tile stores and vectors.
 template <typename T>
@@ -365,7 +326,7 @@ inline void add_block(const IntegerRows& x, const TiledMatrix& w, const int32_t*
 // buffers, so the two overlap.
 template <bool kOffset>
 void tile_rows(const IntegerRows& x, const TiledMatrix& w, float* y, int64_t g0, int64_t g1) {
-  const TileConfig config = tile_config(w.B);
+  const specjax::TileConfig config = tile_config(w.B);
   _tile_loadconfig(&config);
   const int64_t tile_bytes = w.B * kCols;   // one block of 16 outputs
   const int64_t c_size = x.a_rows * kCols;
@@ -397,13 +358,13 @@ void tile_rows(const IntegerRows& x, const TiledMatrix& w, float* y, int64_t g0,
   _tile_release();
 }
 
-#endif  // SPECJAX_Q8_AMX
+#endif  // SPECJAX_AMX
 
 
 ffi::Error Run(ffi::ThreadPool pool, const ffi::Buffer<ffi::F32>& x_NxI,
                const ffi::Buffer<ffi::S8>& tiles, const ffi::Buffer<ffi::F32>& scale,
                const ffi::Buffer<ffi::F32>* offset, ffi::ResultBuffer<ffi::F32>& y_NxO) {
-#if defined(SPECJAX_Q8_AMX)
+#if defined(SPECJAX_AMX)
   const auto xd = x_NxI.dimensions(), td = tiles.dimensions(), sd = scale.dimensions();
   const bool shapes_ok =
       xd.size() == 2 && td.size() == 2 && sd.size() == 2 && td[0] == sd[0] &&
@@ -417,7 +378,7 @@ ffi::Error Run(ffi::ThreadPool pool, const ffi::Buffer<ffi::F32>& x_NxI,
         "q8_amx: expected x[N, I], tiles[O / 16, I * 16], scale[O / 16, I / B * 16] "
         "(and offset like scale), B 16 or 32");
   }
-  if (!amx_usable()) {
+  if (!specjax::amx_usable()) {
     return ffi::Error::Internal("q8_amx: this CPU or OS does not let the process use AMX "
                                 "(check specjax_q8_amx_supported first)");
   }
@@ -461,8 +422,8 @@ ffi::Error Q8AmxOffsetMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
 }
 
 ffi::Error Supported(ffi::ResultBuffer<ffi::S32> out) {
-#if defined(SPECJAX_Q8_AMX)
-  *out->typed_data() = amx_usable() ? 1 : 0;
+#if defined(SPECJAX_AMX)
+  *out->typed_data() = specjax::amx_usable() ? 1 : 0;
 #else
   *out->typed_data() = 0;
 #endif

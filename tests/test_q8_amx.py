@@ -1,15 +1,12 @@
 """Intel AMX tile products of int8 blocks: within their stated bound of the exact product, and
 row n the same bits whatever the other rows, so a decode step and a verify call agree."""
 
-import os
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.cpu_kernels import build
+import cpu_flags
 from specjax.cpu_kernels import q8_amx
 from specjax.models import config as config_lib
 from specjax.models import gemma
@@ -19,13 +16,7 @@ from toy_models import gguf_like_params
 
 
 def _has_amx_build() -> bool:
-  flags = set()
-  for line in Path('/proc/cpuinfo').read_text().splitlines():
-    if line.startswith('flags'):
-      flags = set(line.split(':', 1)[1].split())
-      break
-  native = os.environ.get(build.MARCH_ENV, '').strip() in ('', 'native')
-  return (native and {'amx_tile', 'amx_int8', 'avx512f'} <= flags and build.enabled()
+  return (cpu_flags.native_build_with('amx_tile', 'amx_int8', 'avx512f')
           and jax.default_backend() == 'cpu')
 
 

@@ -1,26 +1,17 @@
 """The head's argmax from its int8 blocks: the same index and value as q8_matmul's logits, always."""
 
-import os
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.cpu_kernels import build
+import cpu_flags
 from specjax.cpu_kernels import q8_argmax
 from specjax.cpu_kernels import q8_matmul
 
 
 def _has_vnni_build() -> bool:
-  flags = set()
-  for line in Path('/proc/cpuinfo').read_text().splitlines():
-    if line.startswith('flags'):
-      flags = set(line.split(':', 1)[1].split())
-      break
-  native = os.environ.get(build.MARCH_ENV, '').strip() in ('', 'native')
-  return native and {'avx512_vnni', 'avx512bw', 'avx512f'} <= flags and build.enabled()
+  return cpu_flags.native_build_with('avx512_vnni', 'avx512bw', 'avx512f')
 
 
 def test_available_exactly_where_the_cpu_has_avx512_vnni():

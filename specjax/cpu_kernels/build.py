@@ -31,6 +31,7 @@ import uuid
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 import jaxlib
 
 DISABLE_ENV = 'SPECJAX_CPU_KERNELS'
@@ -138,3 +139,13 @@ def load(name: str, targets: tuple[str, ...]) -> bool:
                     'instead: %s', name, e)
     return False
   return True
+
+
+def supported(name: str, targets: tuple[str, ...], supported_target: str) -> bool:
+  """Whether kernel `name` is built and registered (`load`) and its `supported_target` (an FFI
+  call of no operands returning an int32) says this build on this CPU has its fast path."""
+  if jax.default_backend() != 'cpu' or not load(name, targets):
+    return False
+  call = jax.ffi.ffi_call(supported_target, jax.ShapeDtypeStruct((), jnp.int32))
+  with jax.ensure_compile_time_eval():   # a value now, even when first asked inside a trace
+    return bool(call())

@@ -43,12 +43,7 @@ BLOCK_SIZES = (16, 32)
 @functools.cache
 def available() -> bool:
   """Whether the kernel is built and registered, and this CPU and OS let it use AMX-INT8."""
-  if jax.default_backend() != 'cpu' or not build.load(
-      KERNEL, (TARGET, OFFSET_TARGET, SUPPORTED_TARGET)):
-    return False
-  call = jax.ffi.ffi_call(SUPPORTED_TARGET, jax.ShapeDtypeStruct((), jnp.int32))
-  with jax.ensure_compile_time_eval():   # a value now, even when first asked inside a trace
-    return bool(call())
+  return build.supported(KERNEL, (TARGET, OFFSET_TARGET, SUPPORTED_TARGET), SUPPORTED_TARGET)
 
 
 def applies(num_rows: int, x: Array) -> bool:

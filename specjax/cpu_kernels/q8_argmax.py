@@ -38,11 +38,7 @@ MAX_ROWS = 64    # positions a call scores (a verify call over 9 at batch 4 is 3
 @functools.cache
 def available() -> bool:
   """Whether the kernel is built, registered and has its fast path (AVX-512 VNNI)."""
-  if jax.default_backend() != 'cpu' or not build.load(KERNEL, (TARGET, SUPPORTED_TARGET)):
-    return False
-  call = jax.ffi.ffi_call(SUPPORTED_TARGET, jax.ShapeDtypeStruct((), jnp.int32))
-  with jax.ensure_compile_time_eval():   # a value now, even when first asked inside a trace
-    return bool(call())
+  return build.supported(KERNEL, (TARGET, SUPPORTED_TARGET), SUPPORTED_TARGET)
 
 
 def applies(num_rows: int, x: Array) -> bool:

@@ -127,7 +127,8 @@ def test_zero_tiny_huge_and_non_finite_rows():
   np.testing.assert_allclose(got[1], (x[1].astype(np.float64) @ w.T), rtol=0, atol=2.0 ** -126)
   # float32 sums in order of i: within I * 2^-24 of the magnitude
   exact2 = x[2].astype(np.float64) @ w.T
-  assert (np.abs(got[2] - exact2) <= 128 * 2.0 ** -24 * (np.abs(x[2]).astype(np.float64) @ np.abs(w).T)).all()
+  magnitude = np.abs(x[2]).astype(np.float64) @ np.abs(w).T
+  assert (np.abs(got[2] - exact2) <= 128 * 2.0 ** -24 * magnitude).all()
   assert np.isnan(got[3]).all()
   with np.errstate(invalid='ignore'):
     want_inf = np.float32(np.inf) * w[:, 7].astype(np.float32)   # +-inf, or NaN where w is 0

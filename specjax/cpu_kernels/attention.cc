@@ -14,8 +14,9 @@
 //
 // Each query's output is summed in an order fixed by the slot chunks alone:
 // its dot products in 16 float lanes (8 without AVX-512), its softmax and
-// values chunk by chunk, the chunks combined in slot order. Neither the other queries, nor the number
-// of threads, nor which thread ran a chunk changes a bit of it.
+// values chunk by chunk, the chunks combined in slot order. Neither the other
+// queries, nor the number of threads, nor which thread ran a chunk changes a
+// bit of it.
 //
 // Compiled on first use by specjax/cpu_kernels/build.py with -march=native.
 

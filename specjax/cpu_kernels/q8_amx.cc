@@ -123,9 +123,9 @@ struct IntegerRows {
 
 #if defined(SPECJAX_AMX)
 // Row n's block of B inputs (B a multiple of 16) as integers X = rint(x * 2^up_exponent),
-// written as limbs at limbs[l * stride + i]; returns the sum of the X (if `with_sum`). The same X as the
-// scalar path below: x times a power of two is exact, and the conversion rounds to nearest
-// even.
+// written as limbs at limbs[l * stride + i]; returns the sum of the X (if `with_sum`). The
+// same X as the scalar path below: x times a power of two is exact, and the conversion
+// rounds to nearest even.
 inline int64_t vector_block(const float* xb, int64_t B, int up_exponent, int8_t* limbs,
                             int64_t stride, bool with_sum) {
   const __m512 up = _mm512_set1_ps(pow2(up_exponent));
@@ -262,7 +262,9 @@ struct AlignedAllocator {
   AlignedAllocator() = default;
   template <typename U>
   AlignedAllocator(const AlignedAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
+  }
   void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
   bool operator==(const AlignedAllocator&) const { return true; }
   bool operator!=(const AlignedAllocator&) const { return false; }

@@ -90,7 +90,8 @@ def q8_amx_matmul(x_NxI: Array, tiles: Array, scale: Array, offset: Array | None
   if not ok:
     raise ValueError('q8_amx_matmul: expected float32 x[N, I], int8 tiles[O / 16, I * 16], '
                      f'float32 scale[O / 16, I / B * 16] (and an offset like scale), B in '
-                     f'{BLOCK_SIZES}; got ' + ', '.join(f'{a.dtype}{list(a.shape)}' for a in operands))
+                     f'{BLOCK_SIZES}; got '
+                     + ', '.join(f'{a.dtype}{list(a.shape)}' for a in operands))
   out = jax.ShapeDtypeStruct((x_NxI.shape[0], tiles.shape[0] * TILE), jnp.float32)
   target = TARGET if offset is None else OFFSET_TARGET
   return jax.ffi.ffi_call(target, out, vmap_method='sequential')(*operands)

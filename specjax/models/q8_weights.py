@@ -264,8 +264,9 @@ def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
               ) -> dict[str, np.ndarray]:
   """The form of every matrix named in `names` that splits, flat: dotted leaf name plus
   suffix -> array (what `with_q8_weights(forms=)` takes; a matrix absent has no form), and
-  where `q8_argmax` is built the head's tile layout (`HEAD_TILE_ARRAYS`). The loader keeps them in the weight cache (`weight_cache.derived_arrays`): splitting the
-  270M takes 2.1 s, reading them back 0.3 s."""
+  where `q8_argmax` is built the head's tile layout (`HEAD_TILE_ARRAYS`), where `q8_amx` is
+  the layer matrices' (`AMX_SUFFIXES`). The loader keeps them in the weight cache
+  (`weight_cache.derived_arrays`): splitting the 270M takes 2.1 s, reading them back 0.3 s."""
   matrices = [m for m in _matrices(params, tuple(names)) if m[3]]
   # The small matrices a thread each (the head's chunks are split on every core by `split`).
   with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:

@@ -11,7 +11,8 @@
 #ifndef SPECJAX_CPU_KERNELS_AMX_TILES_H_
 #define SPECJAX_CPU_KERNELS_AMX_TILES_H_
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && \
+    defined(__AVX512VBMI__) && defined(__linux__)
 #define SPECJAX_AMX 1
 #include <immintrin.h>
 #include <sys/syscall.h>

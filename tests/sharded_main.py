@@ -121,6 +121,20 @@ def main():
         np.asarray(greedy_calls[1](sharded_q8)).tolist(),
         np.asarray(jnp.argmax(logits[1], axis=-1)).tolist(),
         q8_argmax.TARGET in greedy_calls[1].lower(sharded_q8).as_text(), q8_argmax.available()]
+    if model_size == 2:   # the same with a table 64 wide: the AMX screen where it serves
+      wide_cfg = config_lib.tiny_config(embed_dim=64)
+      wide = gguf_like_params(gemma.init_params(wide_cfg, jax.random.key(3)))
+      wide_q8 = q8_weights.with_q8_weights(wide, model_shards=model_size)
+      wide_one, wide_many = LanguageModel(wide_cfg), LanguageModel(wide_cfg, mesh=q8_mesh)
+      wide_calls = [jax.jit(lambda p, lm=lm, g=g: lm.forward(p, tokens, positions,
+                                                             lm.init_cache(4, 16), greedy=g))
+                    for lm, g in ((wide_one, False), (wide_many, True))]
+      wide_sharded = sharding.shard_params(wide_q8, wide_cfg, q8_mesh)
+      results['greedy_screen_model2'] = [
+          np.asarray(jnp.argmax(wide_calls[0](wide_q8).logits_BxRxV, axis=-1)).tolist(),
+          np.asarray(wide_calls[1](wide_sharded).argmax_BxR).tolist(),
+          q8_argmax.SCREEN_TARGET in wide_calls[1].lower(wide_sharded).as_text(),
+          q8_argmax.screen_available()]
     a = speculative.generate(one, q8_params, make_drafter('ngram', target=one), prompts,
                              gamma=3, max_new_tokens=12)
     b = speculative.generate(q8_many, sharded_q8, make_drafter('ngram', target=q8_many), prompts,

@@ -16,7 +16,7 @@ from toy_models import gguf_like_params
 
 
 def _has_amx_build() -> bool:
-  return (cpu_flags.native_build_with('amx_tile', 'amx_int8', 'avx512f')
+  return (cpu_flags.native_build_with('amx_tile', 'amx_int8', 'avx512f', 'avx512vbmi')
           and jax.default_backend() == 'cpu')
 
 

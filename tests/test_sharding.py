@@ -60,6 +60,14 @@ def test_sharded_greedy_argmax_matches_one_device(sharded_results, model_size):
   assert kernel_in_program == available   # each shard's argmax, the largest of them kept
 
 
+def test_sharded_greedy_argmax_from_the_screen_matches_the_logits(sharded_results):
+  """A head 64 wide split over 2 model shards: each shard's screen finds its rows' best, the
+  largest kept; the same as the argmax of the whole logits."""
+  from_logits, many, screen_in_program, available = sharded_results['greedy_screen_model2']
+  assert many == from_logits
+  assert screen_in_program == available
+
+
 @pytest.mark.parametrize('drafter', ['ngram', 'early_exit', 'draft_model', 'ngram_tree',
                                      'ngram_q8_model2', 'ngram_q8_model4'])
 def test_sharded_speculative_greedy_matches_one_device(sharded_results, drafter):

@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "amx_tiles.h"
+#include "float_bits.h"
 #include "pool_work.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -92,36 +93,9 @@ specjax::TileConfig tile_config(int64_t B, int rows) {
 
 #endif  // SPECJAX_AMX
 
-// 2^k as a float (0 or inf beyond its range), without a library call: the prologue of
-// every product runs it for each row and block.
-inline float pow2(int k) {
-  if (k < -126 || k > 127) return std::ldexp(1.0f, k);
-  const uint32_t bits = static_cast<uint32_t>(k + 127) << 23;
-  float v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-}
-
-// 2^k as a double, for -1022 <= k <= 1023.
-inline double pow2d(int k) {
-  const uint64_t bits = static_cast<uint64_t>(k + 1023) << 52;
-  double v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-}
-
-// e with 2^(e - 1) <= a < 2^e (std::frexp's exponent) for a finite a > 0.
-inline int exponent(float a) {
-  uint32_t bits;
-  std::memcpy(&bits, &a, sizeof(bits));
-  const int biased = static_cast<int>(bits >> 23) & 255;
-  if (biased == 0) {   // subnormal
-    int e;
-    std::frexp(a, &e);
-    return e;
-  }
-  return biased - 126;
-}
+using specjax::exponent;
+using specjax::pow2;
+using specjax::pow2d;
 
 // x's rows as integers (see the top).
 struct IntegerRows {

@@ -38,6 +38,28 @@
 //
 // Built only with AVX-512 VNNI and BW (`specjax_q8_argmax_supported` says
 // whether this build has them); elsewhere callers take q8_matmul's logits.
+//
+// The AMX screen (`specjax_q8_argmax_screen_f32`, where the CPU has AMX-INT8:
+// `specjax_q8_argmax_screen_supported`). At 9 rows the VNNI pass above is bound
+// by its multiply-adds, not memory (7.2 ms against 5.9 at one row), and an AMX
+// tile product cannot take its place: the blocks' scales differ, so every
+// block's sums would be stored and scaled on their own. So the screen reads a
+// second table of the head's size made at load (q8_argmax.py's `screen_form`),
+// the weights w (q8_matmul's float32 q * scale) rounded to int8 with one scale
+// a row: s[o] = max|w[o]| / 127, r[o, i] = rint(w[o, i] / s[o]), and beside
+// them l1[o] = sum_i |w[o, i]| and err[o] = max_i |w[o, i] - s[o] r[o, i]|, both
+// rounded up. Each row of x becomes integers X = rint(x / u) with one unit u
+// = 2^(e - 14) a row (2^(e - 1) <= max|x| < 2^e: |X| <= 2^14, two signed bytes),
+// and a tile product multiplies 64 inputs of 16 head rows by all of x's
+// integer rows, the int32 sums running over the whole row of the head. Then
+// a[o] = s[o] u sum_i r[o, i] X[i], and (`screen_row`)
+//   |y[o] - a[o]| <= l1[o] (u / 2 + 2^-16 max|x|) + err[o] (u sum|X| + ...),
+// from w . (x - uX) and (w - s r) . uX and the roundings. The candidates and the
+// exact second pass are those above. On raw-text Spec-Bench positions (627 of
+// 12 prompts, 6 December 2026) this bound left 13 candidates at the median, 48
+// at the 90th percentile and 458 at most; the VNNI pass's bound 6 / 27 / 521.
+// A row of x that is all zeros has the first index; one with max|x| under
+// 2^-100 takes every logit, as a non-finite one does.
 
 #include <algorithm>
 #include <array>
@@ -55,6 +77,8 @@
 #include <immintrin.h>
 #endif
 
+#include "amx_tiles.h"
+#include "float_bits.h"
 #include "pool_work.h"
 #include "q8_blocks.h"
 #include "xla/ffi/api/ffi.h"
@@ -148,19 +172,54 @@ std::pair<int32_t, float> every_logit(const float* x, const Head& h) {
 
 inline float max_lane(__m512 v) { return _mm512_reduce_max_ps(v); }
 
-// Candidates of rows [n0, n0 + G) from tiles [t0, t1): approximate logits and
-// bounds a tile at a time, kept where the upper bound reaches the row's
-// largest lower bound so far (`floor`, raised as tiles go by: a row's set is a
-// superset of its final one). `limit`: each row's list length at which it is next
-// compacted.
+// One row's candidate-keeping state over a chunk of tiles: the largest lower bound seen
+// (lanes), the floor it has raised, the candidates and the list length at which they are
+// next compacted.
+struct RowScan {
+  __m512 lower_max;
+  float* floor;
+  std::vector<Candidate>* found;
+  size_t* limit;
+};
+
+// Keeps tile t's outputs whose upper bound reaches the row's floor (raised from the lower
+// bounds every 8 tiles: a row's set is a superset of its final one).
+inline void keep_candidates(int64_t t, int64_t tiles_seen, __m512 upper, __m512 lower,
+                            RowScan& r) {
+  r.lower_max = _mm512_max_ps(r.lower_max, lower);
+  if (tiles_seen % 8 == 0) *r.floor = std::max(*r.floor, max_lane(r.lower_max));
+  __mmask16 keep = _mm512_cmp_ps_mask(upper, _mm512_set1_ps(*r.floor), _CMP_GE_OQ);
+  while (keep) {
+    const int lane = __builtin_ctz(keep);
+    keep &= keep - 1;
+    float u[kTile];
+    _mm512_storeu_ps(u, upper);
+    r.found->push_back({t * kTile + lane, u[lane]});
+  }
+  if (r.found->size() > *r.limit) {   // keep the list short while the floor rises
+    *r.floor = std::max(*r.floor, max_lane(r.lower_max));
+    const float f = *r.floor;
+    r.found->erase(std::remove_if(r.found->begin(), r.found->end(),
+                                  [f](const Candidate& c) { return c.upper < f; }),
+                   r.found->end());
+    // Where many rows stay within reach (flat logits), compact only when the list has
+    // doubled again, so that compacting costs O(1) a candidate, not O(list) a tile.
+    *r.limit = std::max(*r.limit, 2 * r.found->size());
+  }
+}
+
+// Candidates of rows [n0, n0 + G) from tiles [t0, t1): approximate logits and bounds a
+// tile at a time (VNNI dot products of the int8-rounded rows).
 template <int G, int kShift>
 void scan_tiles(const Head& h, const QuantRow* rows, int64_t t0, int64_t t1, float* floor,
                 std::vector<Candidate>* found, size_t* limit) {
   constexpr int64_t B = int64_t{1} << kShift;
   constexpr int64_t kGroupsPerBlock = B / 4;
   const int64_t blocks = h.I / B;
-  __m512 lower_max[G];
-  for (int g = 0; g < G; ++g) lower_max[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  RowScan scan[G];
+  for (int g = 0; g < G; ++g)
+    scan[g] = {_mm512_set1_ps(-std::numeric_limits<float>::infinity()), floor + g, found + g,
+               limit + g};
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = h.tiles + t * h.I * kTile;
     const float* scale = h.tile_scale + t * blocks * kTile;
@@ -191,30 +250,10 @@ void scan_tiles(const Head& h, const QuantRow* rows, int64_t t0, int64_t t1, flo
     const __m512 l1 = _mm512_loadu_ps(h.l1max + t * kTile);
     for (int g = 0; g < G; ++g) {
       const __m512 e = _mm512_mul_ps(l1, _mm512_set1_ps(rows[g].bound_per_l1));
-      const __m512 upper = _mm512_add_ps(logit[g], e);
-      lower_max[g] = _mm512_max_ps(lower_max[g], _mm512_sub_ps(logit[g], e));
-      if ((t - t0) % 8 == 0) floor[g] = std::max(floor[g], max_lane(lower_max[g]));
-      __mmask16 keep = _mm512_cmp_ps_mask(upper, _mm512_set1_ps(floor[g]), _CMP_GE_OQ);
-      while (keep) {
-        const int lane = __builtin_ctz(keep);
-        keep &= keep - 1;
-        float u[kTile];
-        _mm512_storeu_ps(u, upper);
-        found[g].push_back({t * kTile + lane, u[lane]});
-      }
-      if (found[g].size() > limit[g]) {   // keep the list short while the floor rises
-        floor[g] = std::max(floor[g], max_lane(lower_max[g]));
-        const float f = floor[g];
-        found[g].erase(std::remove_if(found[g].begin(), found[g].end(),
-                                      [f](const Candidate& c) { return c.upper < f; }),
-                       found[g].end());
-        // Where many rows stay within reach (flat logits), compact only when the list has
-        // doubled again, so that compacting costs O(1) a candidate, not O(list) a tile.
-        limit[g] = std::max(limit[g], 2 * found[g].size());
-      }
+      keep_candidates(t, t - t0, _mm512_add_ps(logit[g], e), _mm512_sub_ps(logit[g], e), scan[g]);
     }
   }
-  for (int g = 0; g < G; ++g) floor[g] = std::max(floor[g], max_lane(lower_max[g]));
+  for (int g = 0; g < G; ++g) floor[g] = std::max(floor[g], max_lane(scan[g].lower_max));
 }
 
 using ScanFn = void (*)(const Head&, const QuantRow*, int64_t, int64_t, float*,
@@ -231,46 +270,31 @@ ScanFn scan_fn(int g) {
   return fns[g - 1];
 }
 
-template <int kShift>
-void argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, int64_t N, int32_t* index,
-                 float* value) {
-  std::vector<QuantRow> rows;
-  rows.reserve(N);
-  std::vector<int64_t> fast;   // rows with finite x
-  for (int64_t n = 0; n < N; ++n) {
-    rows.push_back(quantize(x + n * h.I, h.I, h.B));
-    if (rows.back().finite) fast.push_back(n);
-  }
+// The argmax of each of the F rows `fast[f]` of x: `scan(t0, t1, floor, found, limit)`
+// finds the candidates of every row among tiles [t0, t1), a chunk of the head at a time on
+// the pool (each chunk with floors and lists of its own, merged here); then each row's
+// candidates get the exact sum, in index order.
+template <int kShift, typename Scan>
+void argmax_of_candidates(ffi::ThreadPool& pool, const float* x, const Head& h,
+                          const std::vector<int64_t>& fast, Scan scan, int32_t* index,
+                          float* value) {
   const int64_t F = static_cast<int64_t>(fast.size());
-  std::vector<QuantRow> packed;
-  packed.reserve(F);
-  for (int64_t n : fast) packed.push_back(rows[n]);
+  if (F == 0) return;
   std::vector<float> floor(F, -std::numeric_limits<float>::infinity());
   std::vector<std::vector<Candidate>> found(F);
   std::mutex merge;
-  const int64_t tiles = h.O / kTile;
-  if (F > 0) {
-    specjax::run_row_chunks(pool, tiles, kTilesPerPanel, [&](int64_t t0, int64_t t1) {
-      std::vector<float> local_floor(F, -std::numeric_limits<float>::infinity());
-      std::vector<size_t> limit(F, 4096);
-      std::vector<std::vector<Candidate>> local(F);
-      // Each group of rows over a few tiles at a time, so the later groups find them in L2.
-      for (int64_t s0 = t0; s0 < t1; s0 += kTilesPerPass) {
-        const int64_t s1 = std::min(t1, s0 + kTilesPerPass);
-        for (int64_t n0 = 0; n0 < F; n0 += kMaxGroup) {
-          const int g = static_cast<int>(std::min<int64_t>(kMaxGroup, F - n0));
-          scan_fn<kShift>(g)(h, packed.data() + n0, s0, s1, local_floor.data() + n0,
-                             local.data() + n0, limit.data() + n0);
-        }
-      }
-      std::lock_guard<std::mutex> lock(merge);
-      for (int64_t f = 0; f < F; ++f) {
-        floor[f] = std::max(floor[f], local_floor[f]);
-        for (const Candidate& c : local[f])
-          if (c.upper >= local_floor[f]) found[f].push_back(c);
-      }
-    });
-  }
+  specjax::run_row_chunks(pool, h.O / kTile, kTilesPerPanel, [&](int64_t t0, int64_t t1) {
+    std::vector<float> local_floor(F, -std::numeric_limits<float>::infinity());
+    std::vector<size_t> limit(F, 4096);
+    std::vector<std::vector<Candidate>> local(F);
+    scan(t0, t1, local_floor.data(), local.data(), limit.data());
+    std::lock_guard<std::mutex> lock(merge);
+    for (int64_t f = 0; f < F; ++f) {
+      floor[f] = std::max(floor[f], local_floor[f]);
+      for (const Candidate& c : local[f])
+        if (c.upper >= local_floor[f]) found[f].push_back(c);
+    }
+  });
   for (int64_t f = 0; f < F; ++f) {
     std::vector<Candidate>& c = found[f];
     std::sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) { return a.o < b.o; });
@@ -288,12 +312,249 @@ void argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, int64_t N
     index[fast[f]] = best;
     value[fast[f]] = best_value;
   }
+}
+
+template <int kShift>
+void argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, int64_t N, int32_t* index,
+                 float* value) {
+  std::vector<QuantRow> rows;
+  rows.reserve(N);
+  std::vector<int64_t> fast;   // rows with finite x
+  for (int64_t n = 0; n < N; ++n) {
+    rows.push_back(quantize(x + n * h.I, h.I, h.B));
+    if (rows.back().finite) fast.push_back(n);
+  }
+  const int64_t F = static_cast<int64_t>(fast.size());
+  std::vector<QuantRow> packed;
+  packed.reserve(F);
+  for (int64_t n : fast) packed.push_back(rows[n]);
+  argmax_of_candidates<kShift>(
+      pool, x, h, fast,
+      [&](int64_t t0, int64_t t1, float* floor, std::vector<Candidate>* found, size_t* limit) {
+        // Each group of rows over a few tiles at a time, so the later groups find them in L2.
+        for (int64_t s0 = t0; s0 < t1; s0 += kTilesPerPass) {
+          const int64_t s1 = std::min(t1, s0 + kTilesPerPass);
+          for (int64_t n0 = 0; n0 < F; n0 += kMaxGroup) {
+            const int g = static_cast<int>(std::min<int64_t>(kMaxGroup, F - n0));
+            scan_fn<kShift>(g)(h, packed.data() + n0, s0, s1, floor + n0, found + n0,
+                               limit + n0);
+          }
+        }
+      },
+      index, value);
   for (int64_t n = 0; n < N; ++n) {
     if (!rows[n].finite) std::tie(index[n], value[n]) = every_logit<kShift>(x + n * h.I, h);
   }
 }
 
 #endif  // SPECJAX_Q8_ARGMAX
+
+#if defined(SPECJAX_Q8_ARGMAX) && defined(SPECJAX_AMX)
+
+// ---- The AMX screen (see the top): x's rows as 2-byte integers, a tile product per 64
+// inputs against the head's screen table, int32 sums over a whole row of the head. ----
+
+constexpr int kScreenKeptBits = 14;   // |X| <= 2^14: two balanced bytes (the upper in [-64, 64])
+constexpr int kScreenLimbs = 2;
+constexpr int kScreenK = 64;          // inputs a tile product takes
+constexpr int kScreenGroup = 16;      // rows of x a pass: 32 integer rows, two A tiles
+constexpr float kScreenSlack = 1.0f + 1.0f / 16.0f;   // see `screen_rows`
+
+struct Screen {
+  const int8_t* tiles;   // [O / 16][I / 4][16][4]: the screen table's rounded weights
+  const float* meta;     // [O / 16][3][16]: its per-row scale, l1 and err (see the top)
+};
+
+// The fast rows of x as integers for the screen: limbs[(f * 2 + l) * I + i] (X = l0 + 256 l1),
+// and per row 2^e' (X's unit) and the bound's two factors.
+struct ScreenRows {
+  std::vector<int8_t> limbs;
+  std::vector<float> unit, per_l1, per_err;
+};
+
+// Float rounded up from a non-negative double.
+inline float round_up(double v) {
+  const float f = static_cast<float>(v);
+  return static_cast<double>(f) >= v ? f : std::nextafter(f, std::numeric_limits<float>::infinity());
+}
+
+// Row x[I] (finite, 2^-100 <= max|x| < 2^100) as integers X = rint(x / u), u = 2^(e - 14)
+// for 2^(e - 1) <= max|x| < 2^e, so |X| <= 2^14 and |x - X u| <= u / 2. The bound of the top,
+// E[o] = l1[o] * per_l1 + err[o] * per_err, with
+//   per_l1 = (u / 2 + 2^-16 max|x|) * slack, per_err = (u sum|X| + I 2^-20 max|x|) * slack:
+// l1[o] u / 2 bounds w[o] . (x - X u), err[o] u sum|X| bounds (w[o] - s[o] q[o]) . X u, and
+// 2^-16 l1[o] max|x| the float32 rounding of the exact logit (q8_matmul's sum, at most about
+// 2^-17.6 of it) and of a[o]; I 2^-20 max|x| err[o] covers a[o]'s rounding where the screen's
+// weights' l1 exceeds w's. The slack (1 + 2^-4) covers the float32 rounding of a +- E.
+void screen_row(const float* x, int64_t I, float amax, int8_t* limbs, float* unit, float* per_l1,
+                float* per_err) {
+  const int f = specjax::exponent(amax) - kScreenKeptBits;
+  const __m512 up = _mm512_set1_ps(specjax::pow2(-f));
+  __m512i abs_sum = _mm512_setzero_si512();   // at most I 2^14: exact in int32 for I < 2^17
+  for (int64_t i = 0; i < I; i += 16) {
+    const __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), up));
+    const __m512i low = _mm512_srai_epi32(_mm512_slli_epi32(X, 24), 24);   // in [-128, 127]
+    const __m512i high = _mm512_srai_epi32(_mm512_sub_epi32(X, low), 8);   // in [-64, 64]
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(limbs + i), _mm512_cvtepi32_epi8(low));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(limbs + I + i), _mm512_cvtepi32_epi8(high));
+    abs_sum = _mm512_add_epi32(abs_sum, _mm512_abs_epi32(X));
+  }
+  const double u = specjax::pow2d(f), m = amax;
+  *unit = static_cast<float>(u);
+  *per_l1 = round_up((u / 2 + m / 65536.0) * kScreenSlack);
+  *per_err = round_up((u * _mm512_reduce_add_epi32(abs_sum) + static_cast<double>(I) * m /
+                       1048576.0) * kScreenSlack);
+}
+
+// Tile registers: 0 and 1 the group's integer rows (A tiles: rows 0-15 and 16-31), 2 and 3
+// two output tiles' screen weights (64 inputs of 16 outputs), 4-7 their sums with each A
+// tile. Two output tiles at a time: four independent sums a step, so that a product does
+// not wait for the one before it into the same tile (as one tile's two would).
+specjax::TileConfig screen_config(int64_t limb_rows) {
+  const int a0 = static_cast<int>(std::min<int64_t>(16, limb_rows));
+  const int a1 = static_cast<int>(limb_rows - a0);
+  specjax::TileConfig c;
+  c.set(0, a0, kScreenK);
+  if (a1) c.set(1, a1, kScreenK);
+  c.set(2, kScreenK / 4, 64);
+  c.set(3, kScreenK / 4, 64);
+  c.set(4, a0, 64);
+  c.set(5, a0, 64);
+  if (a1) {
+    c.set(6, a1, 64);
+    c.set(7, a1, 64);
+  }
+  return c;
+}
+
+// The sums of output tiles `tile0` and `tile1` over all I inputs, into c[2][32][16] (tile,
+// integer row, output).
+inline void screen_sums(const int8_t* tile0, const int8_t* tile1, const int8_t* limbs,
+                        int64_t I, bool two, int32_t* c) {
+  _tile_zero(4);
+  _tile_zero(5);
+  if (two) {
+    _tile_zero(6);
+    _tile_zero(7);
+  }
+  for (int64_t k = 0; k < I; k += kScreenK) {
+    // The next pair's same inputs, into L2, a step at a time: on the 2-core Xeon (6 December
+    // 2026, one thread, the 270M's head from memory) the whole pair's requested at once
+    // took 1.9x as long at one row (the requests outran the queue), 10 KB ahead 1.1-1.4x.
+    for (int64_t p = 0; p < kScreenK * kTile; p += 64) {
+      __builtin_prefetch(tile0 + 2 * I * kTile + k * kTile + p, 0, 2);
+      __builtin_prefetch(tile1 + 2 * I * kTile + k * kTile + p, 0, 2);
+    }
+    _tile_loadd(0, limbs + k, I);
+    _tile_loadd(2, tile0 + k * kTile, 64);
+    _tile_loadd(3, tile1 + k * kTile, 64);
+    _tile_dpbssd(4, 0, 2);
+    _tile_dpbssd(5, 0, 3);
+    if (two) {
+      _tile_loadd(1, limbs + 16 * I + k, I);
+      _tile_dpbssd(6, 1, 2);
+      _tile_dpbssd(7, 1, 3);
+    }
+  }
+  _tile_stored(4, c, 64);
+  _tile_stored(5, c + 32 * kTile, 64);
+  if (two) {
+    _tile_stored(6, c + 16 * kTile, 64);
+    _tile_stored(7, c + 48 * kTile, 64);
+  }
+}
+
+// Tile t's approximate logits a = s[o] u (C0 + 256 C1) and bounds for the group's rows.
+inline void screen_bounds(const Screen& s, const ScreenRows& r, int64_t t, int64_t tiles_seen,
+                          const int32_t* c, int64_t f0, int64_t rows, RowScan* scan) {
+  const float* meta = s.meta + t * 3 * kTile;
+  const __m512 scale = _mm512_loadu_ps(meta), l1 = _mm512_loadu_ps(meta + kTile),
+               err = _mm512_loadu_ps(meta + 2 * kTile);
+  for (int64_t g = 0; g < rows; ++g) {
+    const int32_t* cg = c + g * kScreenLimbs * kTile;
+    const __m512 d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cg + kTile)),
+                                     _mm512_set1_ps(256.0f),
+                                     _mm512_cvtepi32_ps(_mm512_load_si512(cg)));
+    const __m512 a = _mm512_mul_ps(d, _mm512_mul_ps(scale, _mm512_set1_ps(r.unit[f0 + g])));
+    const __m512 e = _mm512_fmadd_ps(l1, _mm512_set1_ps(r.per_l1[f0 + g]),
+                                     _mm512_mul_ps(err, _mm512_set1_ps(r.per_err[f0 + g])));
+    keep_candidates(t, tiles_seen, _mm512_add_ps(a, e), _mm512_sub_ps(a, e), scan[g]);
+  }
+}
+
+// Candidates of the F fast rows among tiles [t0, t1), groups of up to 16 rows a few tiles
+// at a time (the later groups find them in L2).
+void screen_tiles(const Screen& s, const ScreenRows& r, int64_t F, int64_t I, int64_t t0,
+                  int64_t t1, float* floor, std::vector<Candidate>* found, size_t* limit) {
+  thread_local std::vector<int32_t> buffer;
+  buffer.resize(2 * 32 * kTile + 16);
+  int32_t* c = reinterpret_cast<int32_t*>(
+      (reinterpret_cast<uintptr_t>(buffer.data()) + 63) / 64 * 64);
+  const int64_t groups = (F + kScreenGroup - 1) / kScreenGroup;
+  std::vector<RowScan> scan(F);
+  for (int64_t f = 0; f < F; ++f)
+    scan[f] = {_mm512_set1_ps(-std::numeric_limits<float>::infinity()), floor + f, found + f,
+               limit + f};
+  for (int64_t s0 = t0; s0 < t1; s0 += kTilesPerPass) {
+    const int64_t s1 = std::min(t1, s0 + kTilesPerPass);
+    for (int64_t group = 0; group < groups; ++group) {
+      const int64_t f0 = F * group / groups, rows = F * (group + 1) / groups - f0;
+      const int64_t limb_rows = rows * kScreenLimbs;
+      const specjax::TileConfig config = screen_config(limb_rows);
+      _tile_loadconfig(&config);
+      const int8_t* limbs = r.limbs.data() + f0 * kScreenLimbs * I;
+      for (int64_t t = s0; t < s1; t += 2) {
+        const int8_t* tile0 = s.tiles + t * I * kTile;
+        const int8_t* tile1 = t + 1 < s1 ? tile0 + I * kTile : tile0;   // the last one twice
+        screen_sums(tile0, tile1, limbs, I, limb_rows > 16, c);
+        screen_bounds(s, r, t, t - t0, c, f0, rows, scan.data() + f0);
+        if (t + 1 < s1) screen_bounds(s, r, t + 1, t + 1 - t0, c + 32 * kTile, f0, rows, scan.data() + f0);
+      }
+    }
+  }
+  _tile_release();
+  for (int64_t f = 0; f < F; ++f) floor[f] = std::max(floor[f], max_lane(scan[f].lower_max));
+}
+
+template <int kShift>
+void screen_argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, const Screen& s,
+                        int64_t N, int32_t* index, float* value) {
+  ScreenRows r;
+  std::vector<int64_t> fast, slow;   // slow: a NaN, an infinity, or max|x| out of range
+  std::vector<float> amax(N);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xn = x + n * h.I;
+    __m512 m = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int64_t i = 0; i < h.I; i += 16) {
+      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xn + i));
+      bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p100f), _CMP_NLT_UQ);
+      m = _mm512_max_ps(m, a);
+    }
+    amax[n] = _mm512_reduce_max_ps(m);
+    if (bad == 0 && amax[n] == 0.0f) {   // every logit is +-0: the first is the argmax
+      index[n] = 0;
+      value[n] = specjax::block_dot<kShift, false>(xn, h.exact, h.I, 0);
+    } else {
+      (bad == 0 && amax[n] >= 0x1p-100f ? fast : slow).push_back(n);
+    }
+  }
+  const int64_t F = static_cast<int64_t>(fast.size());
+  r.limbs.resize(F * kScreenLimbs * h.I);
+  r.unit.resize(F), r.per_l1.resize(F), r.per_err.resize(F);
+  for (int64_t f = 0; f < F; ++f)
+    screen_row(x + fast[f] * h.I, h.I, amax[fast[f]], r.limbs.data() + f * kScreenLimbs * h.I,
+               &r.unit[f], &r.per_l1[f], &r.per_err[f]);
+  argmax_of_candidates<kShift>(
+      pool, x, h, fast,
+      [&](int64_t t0, int64_t t1, float* floor, std::vector<Candidate>* found, size_t* limit) {
+        screen_tiles(s, r, F, h.I, t0, t1, floor, found, limit);
+      },
+      index, value);
+  for (int64_t n : slow) std::tie(index[n], value[n]) = every_logit<kShift>(x + n * h.I, h);
+}
+
+#endif  // SPECJAX_Q8_ARGMAX && SPECJAX_AMX
 
 ffi::Error Q8Argmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI, ffi::Buffer<ffi::U8> tiles,
                     ffi::Buffer<ffi::F32> tile_scale, ffi::Buffer<ffi::F32> l1max,
@@ -344,6 +605,56 @@ ffi::Error Supported(ffi::ResultBuffer<ffi::S32> out) {
   return ffi::Error::Success();
 }
 
+ffi::Error Q8ArgmaxScreen(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
+                          ffi::Buffer<ffi::S8> screen, ffi::Buffer<ffi::F32> meta,
+                          ffi::Buffer<ffi::S8> q_OxI, ffi::Buffer<ffi::F32> scale_OxB,
+                          ffi::ResultBuffer<ffi::S32> index_N, ffi::ResultBuffer<ffi::F32> value_N) {
+  const auto xd = x_NxI.dimensions(), qd = q_OxI.dimensions(), sd = scale_OxB.dimensions(),
+             td = screen.dimensions(), md = meta.dimensions();
+  const bool shapes = xd.size() == 2 && qd.size() == 2 && sd.size() == 2 && td.size() == 2 &&
+                      md.size() == 2 && xd[1] == qd[1] && sd[0] == qd[0] && sd[1] > 0 &&
+                      qd[1] % sd[1] == 0 && qd[0] % kTile == 0 && qd[1] % 64 == 0 &&
+                      td[0] == qd[0] / kTile && td[1] == qd[1] * kTile && md[0] == td[0] &&
+                      md[1] == 3 * kTile;
+  const int64_t B = shapes ? qd[1] / sd[1] : 0;
+  if (!shapes || (B != 16 && B != 32)) {
+    return ffi::Error::InvalidArgument(
+        "q8_argmax screen: expected x[N, I], screen[O / 16, I * 16], meta[O / 16, 48], "
+        "q[O, I], scale[O, I / B], O a multiple of 16, I of 64, B 16 or 32");
+  }
+#if defined(SPECJAX_Q8_ARGMAX) && defined(SPECJAX_AMX)
+  if (!specjax::amx_usable()) {
+    return ffi::Error::Internal("q8_argmax screen: this CPU or OS does not let the process use "
+                                "AMX (check specjax_q8_argmax_screen_supported first)");
+  }
+  const Head h{nullptr, nullptr, nullptr,
+               specjax::Blocks{q_OxI.typed_data(), scale_OxB.typed_data(), nullptr, sd[1]},
+               qd[0], qd[1], B};
+  const Screen s{screen.typed_data(), meta.typed_data()};
+  if (xd[0] == 0 || h.O == 0) return ffi::Error::Success();
+  if (B == 16) {
+    screen_argmax_rows<4>(pool, x_NxI.typed_data(), h, s, xd[0], index_N->typed_data(),
+                          value_N->typed_data());
+  } else {
+    screen_argmax_rows<5>(pool, x_NxI.typed_data(), h, s, xd[0], index_N->typed_data(),
+                          value_N->typed_data());
+  }
+  return ffi::Error::Success();
+#else
+  return ffi::Error::Internal("q8_argmax screen: this build has no AMX-INT8 (see "
+                              "specjax_q8_argmax_screen_supported)");
+#endif
+}
+
+ffi::Error ScreenSupported(ffi::ResultBuffer<ffi::S32> out) {
+#if defined(SPECJAX_Q8_ARGMAX) && defined(SPECJAX_AMX)
+  *out->typed_data() = specjax::amx_usable() ? 1 : 0;
+#else
+  *out->typed_data() = 0;
+#endif
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_argmax_f32, Q8Argmax,
@@ -359,4 +670,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_argmax_f32, Q8Argmax,
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_argmax_supported, Supported,
+                              ffi::Ffi::Bind().Ret<ffi::Buffer<ffi::S32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_argmax_screen_f32, Q8ArgmaxScreen,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_q8_argmax_screen_supported, ScreenSupported,
                               ffi::Ffi::Bind().Ret<ffi::Buffer<ffi::S32>>());

@@ -31,6 +31,9 @@ Array = jax.Array
 KERNEL = 'q8_argmax'
 TARGET = 'specjax_q8_argmax_f32'
 SUPPORTED_TARGET = 'specjax_q8_argmax_supported'
+SCREEN_TARGET = 'specjax_q8_argmax_screen_f32'
+SCREEN_SUPPORTED_TARGET = 'specjax_q8_argmax_screen_supported'
+_TARGETS = (TARGET, SUPPORTED_TARGET, SCREEN_TARGET, SCREEN_SUPPORTED_TARGET)
 TILE = 16        # head rows per tile
 MAX_ROWS = 64    # positions a call scores (a verify call over 9 at batch 4 is 36)
 
@@ -38,7 +41,14 @@ MAX_ROWS = 64    # positions a call scores (a verify call over 9 at batch 4 is 3
 @functools.cache
 def available() -> bool:
   """Whether the kernel is built, registered and has its fast path (AVX-512 VNNI)."""
-  return build.supported(KERNEL, (TARGET, SUPPORTED_TARGET), SUPPORTED_TARGET)
+  return build.supported(KERNEL, _TARGETS, SUPPORTED_TARGET)
+
+
+@functools.cache
+def screen_available() -> bool:
+  """Whether the AMX screen is built and this CPU and OS let it use AMX-INT8 (Sapphire
+  Rapids and later Xeons)."""
+  return available() and build.supported(KERNEL, _TARGETS, SCREEN_SUPPORTED_TARGET)
 
 
 def applies(num_rows: int, x: Array) -> bool:
@@ -67,6 +77,44 @@ def tile_form(q_OxI: np.ndarray, scale_OxB: np.ndarray
   return tiles, np.ascontiguousarray(tile_scale), l1max.reshape(t, TILE)
 
 
+def screen_form(q_OxI: np.ndarray, scale_OxB: np.ndarray, rows_per_chunk: int = 8192
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+  """(screen int8 [O / 16, I * 16], meta float32 [O / 16, 48]) of a head's int8 form (no
+  offset) for `screen_argmax`, or None where O is not a multiple of 16 or I of 64. The
+  weights w = q * scale (float32, as q8_matmul rebuilds them) rounded to int8 with one scale
+  a row, s = max|w| / 127, in the tile layout [I / 4][16][4]; meta holds, per tile,
+  the 16 rows' s, l1 = sum |w| and err = max |w - s * screen|, the last two rounded up."""
+  q_OxI, scale_OxB = np.asarray(q_OxI), np.asarray(scale_OxB, np.float32)
+  o, i = q_OxI.shape
+  blocks = scale_OxB.shape[1]
+  if o % TILE or i % 64 or not blocks or i % blocks:
+    return None
+  screen = np.empty((o, i), np.int8)
+  meta = np.empty((3, o), np.float32)
+  for r0 in range(0, o, rows_per_chunk):
+    r1 = min(o, r0 + rows_per_chunk)
+    w = (q_OxI[r0:r1].astype(np.float32).reshape(r1 - r0, blocks, -1)
+         * scale_OxB[r0:r1, :, None]).reshape(r1 - r0, i).astype(np.float64)
+    s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+    safe = np.where(s > 0, s, 1).astype(np.float64)[:, None]
+    r = np.clip(np.rint(w / safe), -127, 127)
+    screen[r0:r1] = r
+    meta[0, r0:r1] = s
+    meta[1, r0:r1] = _round_up(np.abs(w).sum(axis=1))
+    meta[2, r0:r1] = _round_up(np.abs(w - s.astype(np.float64)[:, None] * r).max(axis=1))
+  t = o // TILE
+  tiles = np.ascontiguousarray(
+      screen.reshape(t, TILE, i // 4, 4).transpose(0, 2, 1, 3)).reshape(t, i * TILE)
+  return tiles, np.ascontiguousarray(meta.reshape(3, t, TILE).transpose(1, 0, 2)).reshape(
+      t, 3 * TILE)
+
+
+def _round_up(v: np.ndarray) -> np.ndarray:
+  """float32 of float64 v >= 0, rounded up: a bound stays a bound."""
+  f = v.astype(np.float32)
+  return np.where(f.astype(np.float64) >= v, f, np.nextafter(f, np.float32(np.inf)))
+
+
 def head_argmax(x_NxI: Array, tiles: Array, tile_scale: Array, l1max: Array, q_OxI: Array,
                 scale_OxB: Array) -> tuple[Array, Array]:
   """(int32 [N] index, float32 [N] value) of each row's largest logit x @ w.T, w the head
@@ -78,3 +126,17 @@ def head_argmax(x_NxI: Array, tiles: Array, tile_scale: Array, l1max: Array, q_O
   call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((n,), jnp.int32),
                                    jax.ShapeDtypeStruct((n,), jnp.float32)))
   return call(x_NxI, tiles, tile_scale, l1max, q_OxI, scale_OxB)
+
+
+def screen_argmax(x_NxI: Array, screen: Array, meta: Array, q_OxI: Array, scale_OxB: Array
+                  ) -> tuple[Array, Array]:
+  """`head_argmax`'s answer, bit for bit, from the AMX screen: `screen_form`'s table for the
+  first pass (one tile product per 64 inputs, no per-block sums), the form for the exact
+  second; call only where `screen_available`."""
+  if not screen_available():
+    raise RuntimeError('the q8_argmax AMX screen is not available here (needs the CPU backend '
+                       'and a CPU with AMX-INT8): check `screen_available` first')
+  n = x_NxI.shape[0]
+  call = jax.ffi.ffi_call(SCREEN_TARGET, (jax.ShapeDtypeStruct((n,), jnp.int32),
+                                          jax.ShapeDtypeStruct((n,), jnp.float32)))
+  return call(x_NxI, screen, meta, q_OxI, scale_OxB)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -495,13 +495,22 @@ def lm_head(embedding_VxD: Array, x_BxRxD: Array, model_axis: str | None,
   return logits
 
 
-def argmax_form(module: nn.Module) -> tuple[Array, ...] | None:
-  """(tiles, tile_scale, l1max, q, scale) of the tied head for `q8_argmax`, where the params
-  carry them (`q8_weights.with_q8_weights`), else None."""
-  names = [*q8_weights.HEAD_TILE_ARRAYS, q8_weights.HEAD_FORM, q8_weights.HEAD_SCALE]
-  if not all(module.has_variable('params', n) for n in names):
-    return None
-  return tuple(module.get_variable('params', n) for n in names)
+class ArgmaxForm(NamedTuple):
+  """The tied head's operands for greedy's argmax kernel, and the kernel's entry point."""
+  call: Callable[..., tuple[Array, Array]]   # q8_argmax.screen_argmax or .head_argmax
+  arrays: tuple[Array, ...]                   # its operands after x: ..., q[V, D], scale
+
+
+def argmax_form(module: nn.Module) -> ArgmaxForm | None:
+  """The tied head's form for `q8_argmax` where the params carry one
+  (`q8_weights.with_q8_weights`): the AMX screen's table, else the VNNI pass's tiles; else
+  None."""
+  for call, names in ((q8_argmax_lib.screen_argmax, q8_weights.HEAD_SCREEN_ARRAYS),
+                      (q8_argmax_lib.head_argmax, q8_weights.HEAD_TILE_ARRAYS)):
+    names = (*names, q8_weights.HEAD_FORM, q8_weights.HEAD_SCALE)
+    if all(module.has_variable('params', n) for n in names):
+      return ArgmaxForm(call, tuple(module.get_variable('params', n) for n in names))
+  return None
 
 
 def head_argmax_serves(num_rows: int, has_form: bool, config: GemmaConfig) -> bool:
@@ -510,7 +519,7 @@ def head_argmax_serves(num_rows: int, has_form: bool, config: GemmaConfig) -> bo
           and q8_argmax_lib.applies(num_rows, jnp.zeros((), jnp.float32)))
 
 
-def head_argmax(x_BxRxD: Array, form: tuple[Array, ...] | None, model_axis: str | None,
+def head_argmax(x_BxRxD: Array, form: ArgmaxForm | None, model_axis: str | None,
                 config: GemmaConfig) -> Array | None:
   """Each row's argmax over the tied head's logits, from `q8_argmax` without the logits
   (the same index as `argmax_lib.argmax` of `lm_head`'s logits), or None where that kernel
@@ -522,9 +531,9 @@ def head_argmax(x_BxRxD: Array, form: tuple[Array, ...] | None, model_axis: str 
   x_NxD = x_BxRxD.reshape(b * r, d).astype(jnp.float32)
   if not head_argmax_serves(b * r, form is not None, config):
     return None
-  index_N, value_N = q8_argmax_lib.head_argmax(x_NxD, *form)
+  index_N, value_N = form.call(x_NxD, *form.arrays)
   if model_axis is not None:
-    index_N = index_N + _model_rank(model_axis) * form[3].shape[0]
+    index_N = index_N + _model_rank(model_axis) * form.arrays[-2].shape[0]
     index_SxN = jax.lax.all_gather(index_N, model_axis)
     best_N = jnp.argmax(jax.lax.all_gather(value_N, model_axis), axis=0)
     index_N = jnp.take_along_axis(index_SxN, best_N[None, :], axis=0)[0]

@@ -96,7 +96,8 @@ class LanguageModel:
     if logits and greedy:   # where the argmax kernel serves, no logits come back
       local_rows = tokens_BxT.shape[0] // self.mesh.shape['data'] * (
           tokens_BxT.shape[1] if logit_indices_BxR is None else logit_indices_BxR.shape[1])
-      if gemma.head_argmax_serves(local_rows, q8_weights.HEAD_TILES in params, self.config):
+      if gemma.head_argmax_serves(local_rows, q8_weights.has_head_argmax_form(params),
+                                  self.config):
         logits_spec = None
     out_specs = ForwardOutput(logits_spec, c_specs, P('data', None, None),
                               P(None, 'data', None, None) if hidden_layers else None,

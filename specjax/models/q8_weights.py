@@ -71,12 +71,17 @@ HEAD_SCALE = 'embedding_VxD' + SCALE_SUFFIX
 # `cpu_kernels/q8_amx` (Intel AMX's tile products), where that kernel is available; split like
 # the matrix (a row of tiles holds 16 outputs, its columns run along the input).
 AMX_SUFFIXES = ('_q8amxtiles', '_q8amxscale', '_q8amxoffset')   # q8_amx's operands, in order
-TILE_SUFFIXES = ('_q8amxoffset', '_q8amxscale', '_q8amxtiles',
+TILE_SUFFIXES = ('_q8amxoffset', '_q8amxscale', '_q8amxtiles', '_q8screenmeta', '_q8screen',
                  '_q8tilescale', '_q8tiles', '_q8l1max')   # longest first: see `base_name`
 HEAD_TILES = 'embedding_VxD_q8tiles'
 HEAD_TILE_SCALE = 'embedding_VxD_q8tilescale'
 HEAD_L1MAX = 'embedding_VxD_q8l1max'
 HEAD_TILE_ARRAYS = (HEAD_TILES, HEAD_TILE_SCALE, HEAD_L1MAX)   # q8_argmax's operands, in order
+# Where the CPU has AMX-INT8, the head's screen table for `q8_argmax.screen_argmax` instead
+# (`q8_argmax.screen_form`: the same 168 MB for the 270M, and 3 floats a row).
+HEAD_SCREEN = 'embedding_VxD_q8screen'
+HEAD_SCREEN_META = 'embedding_VxD_q8screenmeta'
+HEAD_SCREEN_ARRAYS = (HEAD_SCREEN, HEAD_SCREEN_META)   # screen_argmax's operands, in order
 _HEAD_OFFSET = 'embedding_VxD' + OFFSET_SUFFIX
 _ROWS_PER_CHUNK = 8192  # 21 MB of float32 at a time for the head
 _PROBE_ROWS = 8  # rows a form must fit before the rest of the matrix is tried
@@ -264,8 +269,9 @@ def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
               ) -> dict[str, np.ndarray]:
   """The form of every matrix named in `names` that splits, flat: dotted leaf name plus
   suffix -> array (what `with_q8_weights(forms=)` takes; a matrix absent has no form), and
-  where `q8_argmax` is built the head's tile layout (`HEAD_TILE_ARRAYS`), where `q8_amx` is
-  the layer matrices' (`AMX_SUFFIXES`). The loader keeps them in the weight cache
+  where `q8_argmax` is built the head's tile layout (`HEAD_TILE_ARRAYS`, or with AMX-INT8
+  its screen table, `HEAD_SCREEN_ARRAYS`), where `q8_amx` is the layer matrices'
+  (`AMX_SUFFIXES`). The loader keeps them in the weight cache
   (`weight_cache.derived_arrays`): splitting the 270M takes 2.1 s, reading them back 0.3 s."""
   matrices = [m for m in _matrices(params, tuple(names)) if m[3]]
   # The small matrices a thread each (the head's chunks are split on every core by `split`).
@@ -278,10 +284,9 @@ def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
     for suffix, part in zip(FORM_SUFFIXES, form):
       if part is not None:
         flat[_leaf_name(path, name) + suffix] = part
-  if HEAD_FORM in flat and _HEAD_OFFSET not in flat and q8_argmax.available():
-    tiles = q8_argmax.tile_form(flat[HEAD_FORM], flat[HEAD_SCALE])
-    if tiles is not None:
-      flat.update(zip(HEAD_TILE_ARRAYS, tiles))
+  if HEAD_FORM in flat and _HEAD_OFFSET not in flat:
+    names, arrays = _head_argmax_arrays(flat[HEAD_FORM], flat[HEAD_SCALE])
+    flat.update(zip(names, arrays or ()))
   if q8_amx.available():
     for (path, name, _, _), form in zip(matrices, forms):
       if form is not None and (amx := _amx_form(name, form)) is not None:
@@ -340,21 +345,54 @@ def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
   return out
 
 
+def _head_argmax_arrays(q: np.ndarray, scale: np.ndarray
+                        ) -> tuple[tuple[str, ...], tuple[np.ndarray, ...] | None]:
+  """(names, arrays) of the head's form for greedy's argmax kernel: the AMX screen's table
+  where the CPU has AMX-INT8 (and the width is a multiple of 64), else the VNNI pass's tiles
+  where that is built; arrays None where neither serves or fits."""
+  if q8_argmax.screen_available() and (screen := q8_argmax.screen_form(q, scale)) is not None:
+    return HEAD_SCREEN_ARRAYS, screen
+  if q8_argmax.available():
+    return HEAD_TILE_ARRAYS, q8_argmax.tile_form(q, scale)
+  return (), None
+
+
+def has_head_argmax_form(params: dict[str, Any]) -> bool:
+  return HEAD_SCREEN in params or HEAD_TILES in params
+
+
 def _with_head_tiles(out: dict[str, Any], model_shards: int,
                      forms: dict[str, np.ndarray]) -> None:
-  """Adds the head's tile layout for `q8_argmax` (greedy's argmax without logits) where the
-  head has a form without offsets, the kernel is built, and its tiles divide over the
-  model shards."""
-  if (HEAD_FORM not in out or HEAD_TILES in out
-      or _HEAD_OFFSET in out or not q8_argmax.available()):
+  """Adds the head's form for greedy's argmax kernel (`_head_argmax_arrays`) where the head
+  has a form without offsets and the kernel's tiles divide over the model shards."""
+  if HEAD_FORM not in out or has_head_argmax_form(out) or _HEAD_OFFSET in out:
     return
-  if HEAD_TILES in forms:
-    tiles = tuple(forms[k] for k in HEAD_TILE_ARRAYS)
-  else:   # forms stored by a process without the kernel, or a head split before
-    tiles = q8_argmax.tile_form(out[HEAD_FORM], out[HEAD_SCALE])
-  if tiles is None or tiles[0].shape[0] % model_shards:
+  names, arrays = _head_argmax_arrays_stored(forms)
+  if arrays is None:   # forms stored by a process without the kernel, or a head split before
+    names, arrays = _head_argmax_arrays(out[HEAD_FORM], out[HEAD_SCALE])
+  if arrays is None or arrays[0].shape[0] % model_shards:
     return
-  out.update(zip(HEAD_TILE_ARRAYS, tiles))
+  out.update(zip(names, arrays))
+
+
+def _head_argmax_arrays_stored(forms: dict[str, np.ndarray]
+                               ) -> tuple[tuple[str, ...], tuple[np.ndarray, ...] | None]:
+  """Stored arrays of a kind `_head_argmax_arrays` makes here (the screen first), if any."""
+  for names, usable in ((HEAD_SCREEN_ARRAYS, q8_argmax.screen_available()),
+                        (HEAD_TILE_ARRAYS, q8_argmax.available())):
+    if usable and all(k in forms for k in names):
+      return names, tuple(forms[k] for k in names)
+  return (), None
+
+
+def without_head_screen(params: dict[str, Any]) -> dict[str, Any]:
+  """`params` with the VNNI pass's tiles for the head in place of the AMX screen's table (to
+  compare the two in one process)."""
+  out = {k: v for k, v in params.items() if k not in HEAD_SCREEN_ARRAYS}
+  if HEAD_SCREEN in params and q8_argmax.available():
+    tiles = q8_argmax.tile_form(np.asarray(params[HEAD_FORM]), np.asarray(params[HEAD_SCALE]))
+    out.update(zip(HEAD_TILE_ARRAYS, tiles))
+  return out
 
 
 def without_amx(params: dict[str, Any]) -> dict[str, Any]:

@@ -7,22 +7,26 @@ those are on real text, so this prints, on the final-norm hidden states of
 raw-text Spec-Bench prompts (the first `--tokens` tokens of each, teacher
 forced through the served model):
 
-  1. the candidates per position under the kernel's bound (l1max[o] times
-     the row's summed per-block error, as q8_argmax.cc computes it) and
-     under the tighter per-block bound it does not use (sum_b l1[o, b] e_b,
-     which would need a second table of the head's size / 32 to read);
-  2. how many positions' index or value differs between the kernel and
+  1. the candidates per position under the VNNI pass's bound (l1max[o] times
+     the row's summed per-block error, as q8_argmax.cc computes it), under
+     the tighter per-block bound it does not use (sum_b l1[o, b] e_b, which
+     would need a second table of the head's size / 32 to read), and, where
+     the CPU has AMX-INT8, under the AMX screen's (its own table: the head
+     rounded to int8 with a scale a row, x as 2-byte integers);
+  2. how many positions' index or value differs between each kernel and
      `q8_matmul`'s logits with `argmax.argmax` (it must be none);
-  3. the head's time at 1 / 5 / 9 / 20 / 36 rows both ways, interleaved,
+  3. the head's time at 1 / 5 / 9 / 20 / 36 rows each way, interleaved,
      best of `--repeats`.
 
-On the 2-core Xeon of 5 December 2026 (1,027 positions of 12 prompts): the
-kernel's bound left 6 candidates at the median, 22 at the 90th percentile and
-521 at most, the per-block one 3 / 12 / 175; no position differed; the head
-took 4.9 / 5.8 / 6.9 / 11.7 / 20.7 ms at 1 / 5 / 9 / 20 / 36 rows against
-6.6 / 9.5 / 12.5 / 29.5 / 58.4 (the two interleaved, so each reads the head
-from memory, as in a forward pass: timed alone, each call finds much of it
-in the 300 MB L3 and both run faster).
+On the 2-core Xeon of 6 December 2026 (1,027 positions of 12 prompts): the
+VNNI pass's bound left 6 candidates at the median, 22 at the 90th percentile
+and 521 at most, the per-block one 3 / 12 / 175, the screen's 14 / 54 / 582;
+no position differed; the head took 5.76 / 6.36 / 7.45 / 11.03 / 17.18 ms at
+1 / 5 / 9 / 20 / 36 rows with the VNNI pass, 4.98 / 5.51 / 6.02 / 7.72 / 11.85
+with the screen, and 7.38 / 9.68 / 14.30 / 31.62 / 64.13 as logits and their
+argmax (the three interleaved, so each reads the head from memory, as in a
+forward pass: timed alone, each call finds much of it in the 300 MB L3 and
+runs faster).
 
   .venv/bin/python benchmarks/head_argmax.py [--prompts=12] [--tokens=200] [--repeats=7]
 """
@@ -96,6 +100,26 @@ def candidate_counts(h_NxD: np.ndarray, q_VxD: np.ndarray, scale_VxB: np.ndarray
   return np.asarray(kernel), np.asarray(per_block)
 
 
+def screen_candidate_counts(h_NxD: np.ndarray, q_VxD: np.ndarray, scale_VxB: np.ndarray
+                            ) -> np.ndarray:
+  """Candidates per position under the AMX screen's bound (q8_argmax.cc's `screen_row`)."""
+  v, d = q_VxD.shape
+  screen, meta = q8_argmax.screen_form(q_VxD, scale_VxB)
+  r_VxD = screen.reshape(v // 16, d // 4, 16, 4).transpose(0, 2, 1, 3).reshape(v, d)
+  s_V, l1_V, err_V = meta.reshape(v // 16, 3, 16).transpose(1, 0, 2).reshape(3, v)
+  counts = []
+  for x in h_NxD:
+    amax = float(np.abs(x).max())
+    unit = 2.0 ** (np.frexp(amax)[1] - 14)
+    X = np.rint(x / unit)
+    approx_V = s_V * (r_VxD.astype(np.float32) @ X.astype(np.float32)) * unit
+    per_l1 = (unit / 2 + amax / 65536) * (1 + 1 / 16)
+    per_err = (unit * np.abs(X).sum() + d * amax / 2 ** 20) * (1 + 1 / 16)
+    bound_V = l1_V * per_l1 + err_V * per_err
+    counts.append(int(np.sum(approx_V + bound_V >= np.max(approx_V - bound_V))))
+  return np.asarray(counts)
+
+
 def _summary(counts: np.ndarray) -> str:
   return (f'median {np.median(counts):.0f}, 90th percentile {np.percentile(counts, 90):.0f}, '
           f'99th {np.percentile(counts, 99):.0f}, most {counts.max()}')
@@ -113,7 +137,7 @@ def main(argv):
       params, forms=loading.cached_forms(embedded.EMBEDDED_NAME, params)))
   tokenizer = Tokenizer.from_gguf(embedded.default_gguf_path())
   q, scale = params[q8_weights.HEAD_FORM], params[q8_weights.HEAD_SCALE]
-  tiles = tuple(params[k] for k in q8_weights.HEAD_TILE_ARRAYS)
+  tiles = q8_argmax.tile_form(np.asarray(q), np.asarray(scale))   # the VNNI pass's layout
   h_NxD = hidden_states(model, params, tokenizer)
   print(f'\n{len(h_NxD)} positions of {NUM_PROMPTS.value} raw-text Spec-Bench prompts '
         f'(up to {TOKENS.value} tokens each)')
@@ -121,24 +145,38 @@ def main(argv):
   print(f'candidates, the kernel\'s bound: {_summary(kernel)}')
   print(f'candidates, the per-block bound: {_summary(per_block)}')
 
+  screen_arrays = q8_argmax.screen_form(np.asarray(q), np.asarray(scale))
+  if q8_argmax.screen_available():
+    print(f'candidates, the AMX screen\'s bound: '
+          f'{_summary(screen_candidate_counts(h_NxD, np.asarray(q), np.asarray(scale)))}')
+
   by_kernel = jax.jit(lambda x: q8_argmax.head_argmax(x, *tiles, q, scale))
+  by_screen = (jax.jit(lambda x: q8_argmax.screen_argmax(x, *screen_arrays, q, scale))
+               if q8_argmax.screen_available() else None)
 
   @jax.jit
   def by_logits(x):
     logits = q8_matmul.q8_matmul(x, q, scale)
     return argmax_lib.argmax(logits), jnp.max(logits, axis=-1)
 
-  differ = 0
-  for start in range(0, len(h_NxD), 32):
-    x = jnp.asarray(h_NxD[start:start + 32])
-    (i_a, v_a), (i_b, v_b) = by_kernel(x), by_logits(x)
-    differ += int(np.sum((np.asarray(i_a) != np.asarray(i_b)) | (np.asarray(v_a) != np.asarray(v_b))))
-  print(f'positions whose index or value differs: {differ} of {len(h_NxD)}')
+  fns = {'kernel': by_kernel, 'logits': by_logits}
+  if by_screen is not None:
+    fns['screen'] = by_screen
+  for name in set(fns) - {'logits'}:
+    differ = 0
+    for start in range(0, len(h_NxD), 32):
+      x = jnp.asarray(h_NxD[start:start + 32])
+      (i_a, v_a), (i_b, v_b) = fns[name](x), by_logits(x)
+      differ += int(np.sum((np.asarray(i_a) != np.asarray(i_b))
+                           | (np.asarray(v_a) != np.asarray(v_b))))
+    print(f'{name}: positions whose index or value differs from the logits\' argmax: {differ} '
+          f'of {len(h_NxD)}')
 
-  print('\n| rows | argmax kernel ms | logits + argmax ms | ratio |\n|---|---|---|---|')
+  screen_head = ' AMX screen ms | screen / VNNI |' if by_screen else ''
+  print(f'\n| rows | argmax kernel (VNNI) ms | logits + argmax ms | VNNI / logits |{screen_head}\n'
+        + '|---' * (6 if by_screen else 4) + '|')
   for rows in (int(r) for r in ROWS.value):
     x = jnp.asarray(h_NxD[:rows])
-    fns = {'kernel': by_kernel, 'logits': by_logits}
     best = dict.fromkeys(fns, float('inf'))
     for fn in fns.values():
       jax.block_until_ready(fn(x))
@@ -147,8 +185,10 @@ def main(argv):
         start = time.perf_counter()
         jax.block_until_ready(fn(x))
         best[name] = min(best[name], time.perf_counter() - start)
+    screen_cells = (f' {best["screen"] * 1e3:.2f} | {best["screen"] / best["kernel"]:.2f} |'
+                    if by_screen else '')
     print(f'| {rows} | {best["kernel"] * 1e3:.2f} | {best["logits"] * 1e3:.2f} | '
-          f'{best["kernel"] / best["logits"]:.2f} |')
+          f'{best["kernel"] / best["logits"]:.2f} |{screen_cells}')
 
 
 if __name__ == '__main__':

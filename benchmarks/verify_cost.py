@@ -94,8 +94,9 @@ FORMS = {'xla': (0, 0, None, False), 'kernel': (skinny_matmul.MAX_ROWS, 0, None,
          'q8': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, q8_weights.SPLITTABLE, False),
          'q8 greedy': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES, q8_weights.SPLITTABLE,
                        True),
-         # The same without Intel AMX's tile products for the layers (cpu_kernels/q8_amx, where
-         # the CPU has them): q8_matmul's float32 multiply-adds instead.
+         # The same without Intel AMX's tile products (where the CPU has them): for the layers
+         # (cpu_kernels/q8_amx) q8_matmul's float32 multiply-adds, for the head's argmax the
+         # VNNI pass instead of the AMX screen (cpu_kernels/q8_argmax).
          'q8 greedy no amx': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES,
                               q8_weights.SPLITTABLE, True)}
 WITHOUT_AMX = ('q8 greedy no amx',)
@@ -139,7 +140,7 @@ def main(argv):
                  jax.device_put(q8_weights.with_q8_weights(params, names))
                  for form, (_, _, names, _) in FORMS.items()}
   for form in set(WITHOUT_AMX) & set(FORMS):
-    form_params[form] = q8_weights.without_amx(form_params[form])
+    form_params[form] = q8_weights.without_head_screen(q8_weights.without_amx(form_params[form]))
   if q8_weights.HEAD_FORM not in form_params[PRODUCT]:
     raise SystemExit('the head has no int8 form here (no kernel, or not the CPU backend)')
   widths = [int(w) for w in WIDTHS.value]

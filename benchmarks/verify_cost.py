@@ -140,7 +140,8 @@ def main(argv):
                  jax.device_put(q8_weights.with_q8_weights(params, names))
                  for form, (_, _, names, _) in FORMS.items()}
   for form in set(WITHOUT_AMX) & set(FORMS):
-    form_params[form] = q8_weights.without_head_screen(q8_weights.without_amx(form_params[form]))
+    form_params[form] = jax.device_put(
+        q8_weights.without_head_screen(q8_weights.without_amx(form_params[form])))
   if q8_weights.HEAD_FORM not in form_params[PRODUCT]:
     raise SystemExit('the head has no int8 form here (no kernel, or not the CPU backend)')
   widths = [int(w) for w in WIDTHS.value]

@@ -99,8 +99,10 @@ using specjax::pow2d;
 
 // x's rows as integers (see the top).
 struct IntegerRows {
-  int64_t N = 0, I = 0, B = 0, blocks = 0, a_rows = 0;
-  std::unique_ptr<int8_t[]> limbs;      // [a_rows][I]: row n * kLimbs + l; then rows of 0
+  int64_t N = 0, I = 0, B = 0, blocks = 0;
+  int64_t a_tiles = 0, tile_rows = 0;   // A tiles of `tile_rows` integer rows each
+  int64_t a_rows() const { return a_tiles * tile_rows; }
+  std::unique_ptr<int8_t[]> limbs;      // [a_rows()][I]: row n * kLimbs + l; then rows of 0
   std::unique_ptr<float[]> weights;     // [N][blocks][kLimbs]: 2^(f + 8 l)
   std::unique_ptr<float[]> sums;        // [N][blocks]: the block's sum of x (offset forms)
   std::unique_ptr<uint8_t[]> on_tiles;  // [N]: 0 where the row takes the float path
@@ -188,9 +190,12 @@ bool block_maxima(const float* x, int64_t I, int64_t B, float* amax) {
 IntegerRows to_integers(const float* x, int64_t N, int64_t I, int64_t B, bool with_sums) {
   IntegerRows r;
   r.N = N, r.I = I, r.B = B, r.blocks = I / B;
-  r.a_rows = (N * kLimbs + kTileRows - 1) / kTileRows * kTileRows;
-  r.limbs.reset(new int8_t[r.a_rows * I]);
-  std::memset(r.limbs.get() + N * kLimbs * I, 0, (r.a_rows - N * kLimbs) * I);
+  // As few tiles as hold the rows, and the rows spread evenly over them: tile products
+  // and stores of fewer rows take less time (9 rows of x: two tiles of 14 integer rows).
+  r.a_tiles = (N * kLimbs + kTileRows - 1) / kTileRows;
+  r.tile_rows = (N * kLimbs + r.a_tiles - 1) / r.a_tiles;
+  r.limbs.reset(new int8_t[r.a_rows() * I]);
+  std::memset(r.limbs.get() + N * kLimbs * I, 0, (r.a_rows() - N * kLimbs) * I);
   r.weights.reset(new float[N * r.blocks * kLimbs]);
   r.sums.reset(new float[N * r.blocks]);
   r.on_tiles.reset(new uint8_t[N]);
@@ -276,24 +281,24 @@ struct AlignedAllocator {
 #define SPECJAX_BLOCK_SUMS(NAME, TB, TA, TC0, TC1)                                      \
   inline void NAME(const IntegerRows& x, const int8_t* tile, int64_t b, int32_t* c) {    \
     _tile_loadd(TB, tile, 64);                                                         \
-    const int64_t a_tiles = x.a_rows / kTileRows;                                      \
+    const int64_t a_tiles = x.a_tiles, R = x.tile_rows;                                \
     const int8_t* limbs = x.limbs.get() + b * x.B;                                    \
     int64_t a = 0;                                                                     \
     for (; a + 2 <= a_tiles; a += 2) {                                                 \
       _tile_zero(TC0);                                                                 \
       _tile_zero(TC1);                                                                 \
-      _tile_loadd(TA, limbs + a * kTileRows * x.I, x.I);                               \
+      _tile_loadd(TA, limbs + a * R * x.I, x.I);                                       \
       _tile_dpbssd(TC0, TA, TB);                                                       \
-      _tile_loadd(TA, limbs + (a + 1) * kTileRows * x.I, x.I);                         \
+      _tile_loadd(TA, limbs + (a + 1) * R * x.I, x.I);                                 \
       _tile_dpbssd(TC1, TA, TB);                                                       \
-      _tile_stored(TC0, c + a * kTileRows * kCols, 64);                                \
-      _tile_stored(TC1, c + (a + 1) * kTileRows * kCols, 64);                          \
+      _tile_stored(TC0, c + a * R * kCols, 64);                                        \
+      _tile_stored(TC1, c + (a + 1) * R * kCols, 64);                                  \
     }                                                                                  \
     if (a < a_tiles) {                                                                 \
       _tile_zero(TC0);                                                                 \
-      _tile_loadd(TA, limbs + a * kTileRows * x.I, x.I);                               \
+      _tile_loadd(TA, limbs + a * R * x.I, x.I);                                       \
       _tile_dpbssd(TC0, TA, TB);                                                       \
-      _tile_stored(TC0, c + a * kTileRows * kCols, 64);                                \
+      _tile_stored(TC0, c + a * R * kCols, 64);                                        \
     }                                                                                  \
   }
 SPECJAX_BLOCK_SUMS(block_sums_even, 0, 1, 2, 3)
@@ -328,10 +333,10 @@ inline void add_block(const IntegerRows& x, const TiledMatrix& w, const int32_t*
 template <bool kOffset>
 void tile_rows(const IntegerRows& x, const TiledMatrix& w, float* y, int64_t g0, int64_t g1) {
   const specjax::TileConfig config =
-      tile_config(w.B, x.a_rows == kTileRows ? static_cast<int>(x.N * kLimbs) : kTileRows);
+      tile_config(w.B, static_cast<int>(x.tile_rows));
   _tile_loadconfig(&config);
   const int64_t tile_bytes = w.B * kCols;   // one block of 16 outputs
-  const int64_t c_size = x.a_rows * kCols;
+  const int64_t c_size = x.a_rows() * kCols;
   // Buffers kept by each thread from call to call (a call lasts microseconds).
   thread_local std::vector<int32_t, AlignedAllocator<int32_t>> c_buffer;
   thread_local std::vector<__m512, AlignedAllocator<__m512>> acc;

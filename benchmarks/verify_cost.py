@@ -98,8 +98,12 @@ FORMS = {'xla': (0, 0, None, False), 'kernel': (skinny_matmul.MAX_ROWS, 0, None,
          # (cpu_kernels/q8_amx) q8_matmul's float32 multiply-adds, for the head's argmax the
          # VNNI pass instead of the AMX screen (cpu_kernels/q8_argmax).
          'q8 greedy no amx': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES,
-                              q8_weights.SPLITTABLE, True)}
+                              q8_weights.SPLITTABLE, True),
+         # The layers' AMX products, and the head's argmax from the VNNI pass, not the screen.
+         'q8 greedy vnni head': (skinny_matmul.MAX_ROWS, attention.MAX_QUERIES,
+                                 q8_weights.SPLITTABLE, True)}
 WITHOUT_AMX = ('q8 greedy no amx',)
+WITHOUT_SCREEN = ('q8 greedy vnni head',)
 PRODUCT = 'q8 greedy'
 FORM_NAMES = flags.DEFINE_list('forms', list(FORMS), f'Forms to time (of {", ".join(FORMS)}); '
                                f'{PRODUCT!r} is always one.')
@@ -142,6 +146,8 @@ def main(argv):
   for form in set(WITHOUT_AMX) & set(FORMS):
     form_params[form] = jax.device_put(
         q8_weights.without_head_screen(q8_weights.without_amx(form_params[form])))
+  for form in set(WITHOUT_SCREEN) & set(FORMS):
+    form_params[form] = jax.device_put(q8_weights.without_head_screen(form_params[form]))
   if q8_weights.HEAD_FORM not in form_params[PRODUCT]:
     raise SystemExit('the head has no int8 form here (no kernel, or not the CPU backend)')
   widths = [int(w) for w in WIDTHS.value]

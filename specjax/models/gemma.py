@@ -431,12 +431,13 @@ class Transformer(nn.Module):
     new_cache = list(cache)
     layer_hidden = []
     # Each base's rotary table, made once for every layer: on CPU behind a loop (see
-    # `materialized`); a GPU's loop would wait on the host for its condition.
+    # `materialized`); a GPU's loop would wait on the host for its condition. Sorted: a set's
+    # order varies between processes, and so would the program and its cache key.
     made_once = materialized if jax.default_backend() == 'cpu' else (lambda fn, x: fn(x))
     rope = {kind: made_once(lambda p, kind=kind: rope_table(p, cfg.head_dim,
                                                             *rope_settings(cfg, kind)),
                             positions_BxT)
-            for kind in {cfg.attention_kind(i) for i in range(depth)}}
+            for kind in sorted({cfg.attention_kind(i) for i in range(depth)})}
     for i in range(depth):
       if i in skip_layers and not self.is_initializing():
         continue   # the identity: its cache entry is left as it was

@@ -1,13 +1,19 @@
 // Powers of two and binary exponents from a float's bits, without a library
-// call: the integer kernels (q8_amx.cc, q8_argmax.cc's AMX screen) write each
-// row of x as integers times a power of two, once a row or block a call.
+// call, and blocks' largest magnitudes: the integer kernels (q8_amx.cc,
+// q8_argmax.cc's AMX screen) write each row of x as integers times a power of
+// two, once a row or block a call.
 
 #ifndef SPECJAX_CPU_KERNELS_FLOAT_BITS_H_
 #define SPECJAX_CPU_KERNELS_FLOAT_BITS_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace specjax {
 
@@ -39,6 +45,36 @@ inline int exponent(float a) {
     return e;
   }
   return biased - 126;
+}
+
+// Whether every element of x[I] is finite and under 2^100 in magnitude (rows that are not
+// take a float path in the kernels: their integers would overflow), and the largest
+// magnitude of each block of B (B = I: the row's).
+inline bool block_maxima(const float* x, int64_t I, int64_t B, float* amax) {
+#if defined(__AVX512F__)
+  const __m512 limit = _mm512_set1_ps(0x1p100f);
+  __mmask16 bad = 0;
+  for (int64_t b = 0; b < I / B; ++b) {
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t i = b * B; i < (b + 1) * B; i += 16) {
+      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+      bad |= _mm512_cmp_ps_mask(a, limit, _CMP_NLT_UQ);   // NaN, inf or too large
+      m = _mm512_max_ps(m, a);
+    }
+    amax[b] = _mm512_reduce_max_ps(m);
+  }
+  return bad == 0;
+#else
+  bool ok = true;
+  for (int64_t b = 0; b < I / B; ++b) {
+    amax[b] = 0.0f;
+    for (int64_t i = b * B; i < (b + 1) * B; ++i) {
+      if (!(std::fabs(x[i]) < 0x1p100f)) ok = false;
+      amax[b] = std::max(amax[b], std::fabs(x[i]));
+    }
+  }
+  return ok;
+#endif
 }
 
 }  // namespace specjax

@@ -93,6 +93,7 @@ specjax::TileConfig tile_config(int64_t B, int rows) {
 
 #endif  // SPECJAX_AMX
 
+using specjax::block_maxima;
 using specjax::exponent;
 using specjax::pow2;
 using specjax::pow2d;
@@ -156,35 +157,6 @@ inline int64_t scalar_block(const float* xb, int64_t B, int up_exponent, int8_t*
     }
   }
   return sum;
-}
-
-// Whether every element of x[I] is finite and under 2^100 in magnitude, and the largest
-// magnitude of each block of B.
-bool block_maxima(const float* x, int64_t I, int64_t B, float* amax) {
-#if defined(SPECJAX_AMX)
-  const __m512 limit = _mm512_set1_ps(0x1p100f);
-  __mmask16 bad = 0;
-  for (int64_t b = 0; b < I / B; ++b) {
-    __m512 m = _mm512_setzero_ps();
-    for (int64_t i = b * B; i < (b + 1) * B; i += 16) {
-      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
-      bad |= _mm512_cmp_ps_mask(a, limit, _CMP_NLT_UQ);   // NaN, inf or too large
-      m = _mm512_max_ps(m, a);
-    }
-    amax[b] = _mm512_reduce_max_ps(m);
-  }
-  return bad == 0;
-#else
-  bool ok = true;
-  for (int64_t b = 0; b < I / B; ++b) {
-    amax[b] = 0.0f;
-    for (int64_t i = b * B; i < (b + 1) * B; ++i) {
-      if (!(std::fabs(x[i]) < 0x1p100f)) ok = false;
-      amax[b] = std::max(amax[b], std::fabs(x[i]));
-    }
-  }
-  return ok;
-#endif
 }
 
 IntegerRows to_integers(const float* x, int64_t N, int64_t I, int64_t B, bool with_sums) {

@@ -358,7 +358,7 @@ constexpr int kScreenKeptBits = 14;   // |X| <= 2^14: two balanced bytes (the up
 constexpr int kScreenLimbs = 2;
 constexpr int kScreenK = 64;          // inputs a tile product takes
 constexpr int kScreenGroup = 16;      // rows of x a pass: 32 integer rows, two A tiles
-constexpr float kScreenSlack = 1.0f + 1.0f / 16.0f;   // see `screen_rows`
+constexpr float kScreenSlack = 1.0f + 1.0f / 16.0f;   // see `screen_row`
 
 struct Screen {
   const int8_t* tiles;   // [O / 16][I / 4][16][4]: the screen table's rounded weights
@@ -375,7 +375,8 @@ struct ScreenRows {
 // Float rounded up from a non-negative double.
 inline float round_up(double v) {
   const float f = static_cast<float>(v);
-  return static_cast<double>(f) >= v ? f : std::nextafter(f, std::numeric_limits<float>::infinity());
+  return static_cast<double>(f) >= v ? f
+                                     : std::nextafter(f, std::numeric_limits<float>::infinity());
 }
 
 // Row x[I] (finite, 2^-100 <= max|x| < 2^100) as integers X = rint(x / u), u = 2^(e - 14)
@@ -495,20 +496,25 @@ void screen_tiles(const Screen& s, const ScreenRows& r, int64_t F, int64_t I, in
   for (int64_t f = 0; f < F; ++f)
     scan[f] = {_mm512_set1_ps(-std::numeric_limits<float>::infinity()), floor + f, found + f,
                limit + f};
+  int64_t configured = 0;   // the integer rows the tile configuration loaded is for
   for (int64_t s0 = t0; s0 < t1; s0 += kTilesPerPass) {
     const int64_t s1 = std::min(t1, s0 + kTilesPerPass);
     for (int64_t group = 0; group < groups; ++group) {
       const int64_t f0 = F * group / groups, rows = F * (group + 1) / groups - f0;
       const int64_t limb_rows = rows * kScreenLimbs;
-      const specjax::TileConfig config = screen_config(limb_rows);
-      _tile_loadconfig(&config);
+      if (limb_rows != configured) {
+        const specjax::TileConfig config = screen_config(limb_rows);
+        _tile_loadconfig(&config);
+        configured = limb_rows;
+      }
       const int8_t* limbs = r.limbs.data() + f0 * kScreenLimbs * I;
       for (int64_t t = s0; t < s1; t += 2) {
         const int8_t* tile0 = s.tiles + t * I * kTile;
         const int8_t* tile1 = t + 1 < s1 ? tile0 + I * kTile : tile0;   // the last one twice
         screen_sums(tile0, tile1, limbs, I, limb_rows > 16, c);
         screen_bounds(s, r, t, t - t0, c, f0, rows, scan.data() + f0);
-        if (t + 1 < s1) screen_bounds(s, r, t + 1, t + 1 - t0, c + 32 * kTile, f0, rows, scan.data() + f0);
+        if (t + 1 < s1)
+          screen_bounds(s, r, t + 1, t + 1 - t0, c + 32 * kTile, f0, rows, scan.data() + f0);
       }
     }
   }
@@ -524,19 +530,12 @@ void screen_argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, co
   std::vector<float> amax(N);
   for (int64_t n = 0; n < N; ++n) {
     const float* xn = x + n * h.I;
-    __m512 m = _mm512_setzero_ps();
-    __mmask16 bad = 0;
-    for (int64_t i = 0; i < h.I; i += 16) {
-      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xn + i));
-      bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p100f), _CMP_NLT_UQ);
-      m = _mm512_max_ps(m, a);
-    }
-    amax[n] = _mm512_reduce_max_ps(m);
-    if (bad == 0 && amax[n] == 0.0f) {   // every logit is +-0: the first is the argmax
+    const bool finite = specjax::block_maxima(xn, h.I, h.I, &amax[n]);   // and under 2^100
+    if (finite && amax[n] == 0.0f) {   // every logit is +-0: the first is the argmax
       index[n] = 0;
       value[n] = specjax::block_dot<kShift, false>(xn, h.exact, h.I, 0);
     } else {
-      (bad == 0 && amax[n] >= 0x1p-100f ? fast : slow).push_back(n);
+      (finite && amax[n] >= 0x1p-100f ? fast : slow).push_back(n);
     }
   }
   const int64_t F = static_cast<int64_t>(fast.size());
@@ -608,7 +607,8 @@ ffi::Error Supported(ffi::ResultBuffer<ffi::S32> out) {
 ffi::Error Q8ArgmaxScreen(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
                           ffi::Buffer<ffi::S8> screen, ffi::Buffer<ffi::F32> meta,
                           ffi::Buffer<ffi::S8> q_OxI, ffi::Buffer<ffi::F32> scale_OxB,
-                          ffi::ResultBuffer<ffi::S32> index_N, ffi::ResultBuffer<ffi::F32> value_N) {
+                          ffi::ResultBuffer<ffi::S32> index_N,
+                          ffi::ResultBuffer<ffi::F32> value_N) {
   const auto xd = x_NxI.dimensions(), qd = q_OxI.dimensions(), sd = scale_OxB.dimensions(),
              td = screen.dimensions(), md = meta.dimensions();
   const bool shapes = xd.size() == 2 && qd.size() == 2 && sd.size() == 2 && td.size() == 2 &&

@@ -542,13 +542,11 @@ class ArgmaxForm(NamedTuple):
 
 def argmax_form(module: nn.Module) -> ArgmaxForm | None:
   """The tied head's form for `q8_argmax` where the params carry one
-  (`q8_weights.with_q8_weights`): the AMX screen's table, else the VNNI pass's tiles; else
-  None."""
-  for call, names in ((q8_argmax_lib.screen_argmax, q8_weights.HEAD_SCREEN_ARRAYS),
-                      (q8_argmax_lib.head_argmax, q8_weights.HEAD_TILE_ARRAYS)):
-    names = (*names, q8_weights.HEAD_FORM, q8_weights.HEAD_SCALE)
+  (`q8_weights.with_q8_weights`), the first of `q8_weights.HEAD_ARGMAX_KINDS`; else None."""
+  for kind in q8_weights.HEAD_ARGMAX_KINDS:
+    names = (*kind.names, q8_weights.HEAD_FORM, q8_weights.HEAD_SCALE)
     if all(module.has_variable('params', n) for n in names):
-      return ArgmaxForm(call, tuple(module.get_variable('params', n) for n in names))
+      return ArgmaxForm(kind.call, tuple(module.get_variable('params', n) for n in names))
   return None
 
 

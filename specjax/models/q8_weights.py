@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from concurrent import futures
 import os
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from absl import logging
 import jax
@@ -82,6 +82,24 @@ HEAD_TILE_ARRAYS = (HEAD_TILES, HEAD_TILE_SCALE, HEAD_L1MAX)   # q8_argmax's ope
 HEAD_SCREEN = 'embedding_VxD_q8screen'
 HEAD_SCREEN_META = 'embedding_VxD_q8screenmeta'
 HEAD_SCREEN_ARRAYS = (HEAD_SCREEN, HEAD_SCREEN_META)   # screen_argmax's operands, in order
+
+
+class HeadArgmaxKind(NamedTuple):
+  """A form of the head for greedy's argmax kernel: its arrays' names (the kernel's operands
+  before the head's q and scale), whether this build and CPU serve it, how it is made from
+  the head's int8 form (None where it does not fit), and the kernel's entry point."""
+  names: tuple[str, ...]
+  available: Callable[[], bool]
+  make: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...] | None]
+  call: Callable[..., Any]
+
+
+# Preferred first: the AMX screen, then the VNNI pass's tiles.
+HEAD_ARGMAX_KINDS = (
+    HeadArgmaxKind(HEAD_SCREEN_ARRAYS, q8_argmax.screen_available, q8_argmax.screen_form,
+                   q8_argmax.screen_argmax),
+    HeadArgmaxKind(HEAD_TILE_ARRAYS, q8_argmax.available, q8_argmax.tile_form,
+                   q8_argmax.head_argmax))
 _HEAD_OFFSET = 'embedding_VxD' + OFFSET_SUFFIX
 _ROWS_PER_CHUNK = 8192  # 21 MB of float32 at a time for the head
 _PROBE_ROWS = 8  # rows a form must fit before the rest of the matrix is tried
@@ -347,18 +365,16 @@ def _with_forms(tree: dict[str, Any], names: tuple[str, ...], model_shards: int,
 
 def _head_argmax_arrays(q: np.ndarray, scale: np.ndarray
                         ) -> tuple[tuple[str, ...], tuple[np.ndarray, ...] | None]:
-  """(names, arrays) of the head's form for greedy's argmax kernel: the AMX screen's table
-  where the CPU has AMX-INT8 (and the width is a multiple of 64), else the VNNI pass's tiles
-  where that is built; arrays None where neither serves or fits."""
-  if q8_argmax.screen_available() and (screen := q8_argmax.screen_form(q, scale)) is not None:
-    return HEAD_SCREEN_ARRAYS, screen
-  if q8_argmax.available():
-    return HEAD_TILE_ARRAYS, q8_argmax.tile_form(q, scale)
+  """(names, arrays) of the first of `HEAD_ARGMAX_KINDS` served here that fits the head (the
+  screen needs a width that is a multiple of 64); arrays None where none does."""
+  for kind in HEAD_ARGMAX_KINDS:
+    if kind.available() and (arrays := kind.make(q, scale)) is not None:
+      return kind.names, arrays
   return (), None
 
 
 def has_head_argmax_form(params: dict[str, Any]) -> bool:
-  return HEAD_SCREEN in params or HEAD_TILES in params
+  return any(kind.names[0] in params for kind in HEAD_ARGMAX_KINDS)
 
 
 def _with_head_tiles(out: dict[str, Any], model_shards: int,
@@ -377,11 +393,10 @@ def _with_head_tiles(out: dict[str, Any], model_shards: int,
 
 def _head_argmax_arrays_stored(forms: dict[str, np.ndarray]
                                ) -> tuple[tuple[str, ...], tuple[np.ndarray, ...] | None]:
-  """Stored arrays of a kind `_head_argmax_arrays` makes here (the screen first), if any."""
-  for names, usable in ((HEAD_SCREEN_ARRAYS, q8_argmax.screen_available()),
-                        (HEAD_TILE_ARRAYS, q8_argmax.available())):
-    if usable and all(k in forms for k in names):
-      return names, tuple(forms[k] for k in names)
+  """Stored arrays of the first of `HEAD_ARGMAX_KINDS` served here, if any are stored."""
+  for kind in HEAD_ARGMAX_KINDS:
+    if kind.available() and all(k in forms for k in kind.names):
+      return kind.names, tuple(forms[k] for k in kind.names)
   return (), None
 
 

@@ -9,7 +9,8 @@ holds drafting its n tokens: the loop chooses the width before drafting, so
 a plain step saves the draft too (an EAGLE layer on a 16k head is a few
 hundredths of a decode step; the target's own layers with a small head more
 than half of one). Each width is one jitted loop of calls over a cache of
-the batch's shape, timed after a compile-and-warm-up run: the minimum of a
+the batch's shape (made once, then donated from run to run as the loop's
+steps hand it on), timed after a compile-and-warm-up run: the minimum of a
 few rounds, each round timing every program once in turn, so that a slow
 spell of the machine (another process, a frequency change) falls on all of
 them alike and not on one width alone. (Timed one program after the other, a
@@ -36,9 +37,14 @@ _STEPS = 4   # forward calls per timed program
 _REPEATS = 3
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'width', 'batch', 'num_slots', 'greedy'))
-def _calls(model, params, *, width: int, batch: int, num_slots: int, greedy: bool):
-  cache = model.init_cache(batch, num_slots)
+@functools.partial(jax.jit, static_argnames=('model', 'batch', 'num_slots'))
+def _fresh_cache(model, *, batch: int, num_slots: int):
+  return model.init_cache(batch, num_slots)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'width', 'batch', 'num_slots', 'greedy'),
+                   donate_argnames=('cache',))
+def _calls(model, params, cache, *, width: int, batch: int, num_slots: int, greedy: bool):
   start = max(0, num_slots // 2 - _STEPS * width)
 
   def body(i, carry):
@@ -53,12 +59,31 @@ def _calls(model, params, *, width: int, batch: int, num_slots: int, greedy: boo
       return out.cache, total + out.argmax_BxR.sum().astype(jnp.float32)
     return out.cache, total + jnp.max(out.logits_BxRxV, axis=-1).sum()
 
-  return jax.lax.fori_loop(0, _STEPS, body, (cache, jnp.float32(0)))[1]
+  return jax.lax.fori_loop(0, _STEPS, body, (cache, jnp.float32(0)))
+
+
+class _Program:
+  """A timed program that runs on a carry (the target's cache, a drafter's state) which each
+  run donates to the next, as the loop's steps do. A cache made inside the timed program (36
+  fresh arrays for the 270M) paid its page faults at every run: a few ms that made a 4-call
+  program's wide calls look cheaper beside a decode step than they are."""
+
+  def __init__(self, start, step):
+    self.start, self.step, self.carry = start, step, None
+
+  def __call__(self):
+    if self.carry is None:
+      self.carry = self.start()
+    *carry, total = self.step(*self.carry)
+    self.carry = tuple(carry)
+    return total
 
 
 def _call_run(model, params, width: int, *, batch: int, num_slots: int, greedy: bool):
-  return functools.partial(_calls, model, params, width=width, batch=batch, num_slots=num_slots,
-                           greedy=greedy)
+  return _Program(
+      lambda: (_fresh_cache(model, batch=batch, num_slots=num_slots),),
+      lambda cache: _calls(model, params, cache, width=width, batch=batch, num_slots=num_slots,
+                           greedy=greedy))
 
 
 def seconds_per_call(model, params, width: int, *, batch: int, num_slots: int,
@@ -69,14 +94,18 @@ def seconds_per_call(model, params, width: int, *, batch: int, num_slots: int,
                                      num_slots=num_slots, greedy=greedy)})['call']
 
 
-@functools.partial(jax.jit, static_argnames=('drafter', 'model', 'sampling', 'gamma', 'batch',
-                                             'num_slots'))
-def _proposals(drafter: Drafter, model, drafter_params, params, *, sampling, gamma: int,
-               batch: int, num_slots: int):
+def _zero_prompt(batch: int, num_slots: int, gamma: int):
+  return (jnp.zeros((batch, num_slots), jnp.int32),
+          jnp.full((batch,), max(2, num_slots // 2 - gamma), jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=('drafter', 'model', 'gamma', 'batch', 'num_slots'))
+def _draft_start(drafter: Drafter, model, drafter_params, params, *, gamma: int, batch: int,
+                 num_slots: int):
+  """The drafter's state from a zero prompt, and the target's cache if it shares it."""
   prompt_len = max(1, min(16, num_slots // 2))
   cfg = model.config
-  tokens_BxS = jnp.zeros((batch, num_slots), jnp.int32)
-  lengths_B = jnp.full((batch,), max(2, num_slots // 2 - gamma), jnp.int32)
+  tokens_BxS, lengths_B = _zero_prompt(batch, num_slots, gamma)
   layers = len(drafter.hidden_layers)
   target_kwargs = {'target_params': params} if drafter.reads_target_params else {}
   view = TargetView(
@@ -89,6 +118,16 @@ def _proposals(drafter: Drafter, model, drafter_params, params, *, sampling, gam
       num_verified_B=jnp.zeros((batch,), jnp.int32))
   state = drafter.init(params=drafter_params, target=view, **target_kwargs)
   cache = model.init_cache(batch, num_slots) if drafter.shares_target_cache else None
+  return state, cache
+
+
+@functools.partial(jax.jit, static_argnames=('drafter', 'sampling', 'gamma', 'batch',
+                                             'num_slots'),
+                   donate_argnames=('state', 'cache'))
+def _proposals(drafter: Drafter, drafter_params, params, state, cache, *, sampling, gamma: int,
+               batch: int, num_slots: int):
+  tokens_BxS, lengths_B = _zero_prompt(batch, num_slots, gamma)
+  target_kwargs = {'target_params': params} if drafter.reads_target_params else {}
   keys_B = jax.random.split(jax.random.key(0), batch)
 
   def body(i, carry):
@@ -100,7 +139,7 @@ def _proposals(drafter: Drafter, model, drafter_params, params, *, sampling, gam
     cache = proposal.shared_cache if drafter.shares_target_cache else cache
     return proposal.state, cache, total + proposal.draft_BxG.sum()
 
-  return jax.lax.fori_loop(0, _STEPS, body, (state, cache, jnp.int32(0)))[2]
+  return jax.lax.fori_loop(0, _STEPS, body, (state, cache, jnp.int32(0)))
 
 
 def _best_of(runs: dict) -> dict:
@@ -128,8 +167,12 @@ def seconds_per_draft(drafter: Drafter, model, params, gamma: int, *, batch: int
 
 def _draft_run(drafter: Drafter, model, params, gamma: int, *, batch: int, num_slots: int,
                sampling: sampling_lib.SamplingConfig):
-  return functools.partial(_proposals, drafter, model, drafter.params, params,
-                           sampling=sampling, gamma=gamma, batch=batch, num_slots=num_slots)
+  return _Program(
+      lambda: _draft_start(drafter, model, drafter.params, params, gamma=gamma, batch=batch,
+                           num_slots=num_slots),
+      lambda state, cache: _proposals(drafter, drafter.params, params, state, cache,
+                                      sampling=sampling, gamma=gamma, batch=batch,
+                                      num_slots=num_slots))
 
 
 def measure(model, params, buckets: Sequence[int], *, batch: int, num_slots: int,

@@ -1,5 +1,9 @@
 """The CPU attention kernel: right, the same bits per query whatever runs beside it, differentiable, used."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +14,8 @@ from specjax.cpu_kernels import build
 from specjax.models import gemma
 from specjax.models import kv_cache as kv_cache_lib
 from specjax.models.config import GemmaConfig
+
+import cpu_flags
 
 # (B, T, K, G, H, S): head dims that leave a partial vector and block, caches
 # that leave a partial slot chunk, several K/V heads, the 270M's own shape.
@@ -153,3 +159,25 @@ def test_the_model_with_the_kernel_equals_it_without(monkeypatch):
   monkeypatch.setattr(attention_lib, 'applies', lambda *a: False)
   without = decode_all()
   np.testing.assert_allclose(with_kernel, without, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not {'avx2', 'fma'} <= cpu_flags.flags(),
+                    reason='this CPU cannot run a kernel built for AVX2')
+def test_the_avx2_build_is_right_too():
+  """The kernel built for AVX2 (`-march=haswell`: 8-lane vectors, its own sums across the
+  accumulators), which an AVX-512 machine's suite never runs otherwise, passes the tests
+  above in a process of its own."""
+  code = '\n'.join([
+      'from specjax.cpu_kernels import attention, build',
+      'import test_attention_kernel as t',
+      "assert '-march=haswell' in build.flags() and attention.available()",
+      'for shape in t.SHAPES:',
+      '  for softcap in (None, 50.0):',
+      '    t.test_equals_a_float64_attention(shape, softcap)',
+      '  if shape[0] * shape[1] > 1:',
+      '    t.test_each_query_is_bit_identical_to_that_query_alone(shape)'])
+  env = dict(os.environ, **{build.MARCH_ENV: 'haswell'})
+  env['PYTHONPATH'] = os.pathsep.join([os.path.dirname(__file__), env.get('PYTHONPATH', '')])
+  result = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]

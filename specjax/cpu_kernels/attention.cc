@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -99,6 +99,57 @@ inline f32xw loadw(const float* p) { return load8(p); }
 inline void storew(float* p, f32xw v) { store8(p, v); }
 inline f32xw maddw(f32xw acc, f32xw a, f32xw b) { return madd(acc, a, b); }
 inline float sumw(f32xw a) { return sum_lanes(a); }
+#endif
+
+// The key block's sums against the query group, all at once: sums[sum_lane(j)] is
+// sumw(acc[j]) bit for bit, acc[j] being key row j / kQueryGroup against query
+// j % kQueryGroup. With AVX the sums are added across the accumulators by the same
+// tree on every lane (i + 8, i + 4, i + 2, i + 1 apart), transposing as they go: 45
+// instructions for 16 accumulators of 16 lanes where 16 `sumw` take over a hundred,
+// most of them on the shuffle port that the 512-bit multiply-adds share.
+constexpr int kSums = kKeyBlock * kQueryGroup;
+#if defined(__AVX512VL__)
+static_assert(kWide == 16 && kSums == 16, "16 accumulators of 16 lanes");
+constexpr int sum_lane(int j) { return 4 * (j % 4) + j / 4; }
+inline void sum_each(const f32xw* a, float* sums) {
+  __m512 t[8], x[4], z[2];
+  for (int i = 0; i < 8; ++i) {   // i + 8: a[2i] in lanes 0-7, a[2i + 1] in 8-15
+    const __m512 u = reinterpret_cast<__m512>(a[2 * i]);
+    const __m512 v = reinterpret_cast<__m512>(a[2 * i + 1]);
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x44), _mm512_shuffle_f32x4(u, v, 0xEE));
+  }
+  for (int i = 0; i < 4; ++i)     // i + 4: 128-bit lane k holds a[4i + k]
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)     // i + 2
+    z[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  _mm512_storeu_ps(sums, _mm512_add_ps(  // i + 1
+      _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+      _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1))));
+}
+#elif defined(__AVX__) && !defined(__AVX512F__)
+static_assert(kWide == 8 && kSums == 8, "8 accumulators of 8 lanes");
+constexpr int sum_lane(int j) { return 4 * (j % 2) + j / 2; }
+inline void sum_each(const f32xw* a, float* sums) {
+  __m256 t[4], z[2];
+  for (int i = 0; i < 4; ++i) {   // i + 4: a[2i] in lanes 0-3, a[2i + 1] in 4-7
+    const __m256 u = reinterpret_cast<__m256>(a[2 * i]);
+    const __m256 v = reinterpret_cast<__m256>(a[2 * i + 1]);
+    t[i] = _mm256_add_ps(_mm256_permute2f128_ps(u, v, 0x20), _mm256_permute2f128_ps(u, v, 0x31));
+  }
+  for (int i = 0; i < 2; ++i)     // i + 2
+    z[i] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  _mm256_storeu_ps(sums, _mm256_add_ps(  // i + 1
+      _mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+      _mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1))));
+}
+#else
+constexpr int sum_lane(int j) { return j; }
+inline void sum_each(const f32xw* a, float* sums) {
+  for (int j = 0; j < kSums; ++j) sums[j] = sumw(a[j]);
+}
 #endif
 inline f32xw splatw(float x) { return f32xw{} + x; }
 
@@ -230,9 +281,11 @@ void Call::chunk(int64_t item, std::vector<int64_t>& live, std::vector<float>& p
           for (int u = 0; u < kQueryGroup; ++u) acc[r][u] = maddw(acc[r][u], kv, qv[u]);
         }
       }
+      float sums[kSums];
+      sum_each(&acc[0][0], sums);
       for (int64_t r = 0; r < gj; ++r) {
         for (int64_t u = 0; u < gn; ++u) {
-          float s = sumw(acc[r][u]);
+          float s = sums[sum_lane(r * kQueryGroup + u)];
           for (int64_t h = Hw; h < H; ++h) s += kr[r][h] * qr[u][h];
           if (softcap > 0.0f) s = std::tanh(s / softcap) * softcap;
           p[(n0 + u) * W8 + live[j0 + r] - s0] = s;

@@ -129,7 +129,8 @@ def main(argv):
   del argv
   print(cpu_info.describe())
   if not q8_argmax.available():
-    raise SystemExit('the q8_argmax kernel is not available here (it needs AVX-512 VNNI)')
+    raise SystemExit('the q8_argmax kernel is not available here (it needs AVX-512 VNNI or '
+                     'AVX2)')
   config, params = checkpoints.load_checkpoint(embedded.EMBEDDED_NAME)
   model = LanguageModel(config)
   # As the product serves it: the int8 forms and the head's tiles, from the weight cache.

@@ -36,8 +36,13 @@
 // A row of x with a NaN or an infinity takes every logit exactly (jnp.argmax's
 // answer, NaN first): a broken model, never a fast path.
 //
-// Built only with AVX-512 VNNI and BW (`specjax_q8_argmax_supported` says
-// whether this build has them); elsewhere callers take q8_matmul's logits.
+// Built with AVX-512 VNNI and BW, or with AVX2 and FMA (`specjax_q8_argmax_supported`
+// says whether this build has either); elsewhere callers take q8_matmul's logits. AVX2
+// has no vpdpbusd: vpmaddubsw multiplies |q| by x with q's sign and adds pairs into int16
+// (never saturating, see the AVX2 scan_tiles), vpmaddwd adds the pairs into the same int32
+// sums, and the rounding and bound are the VNNI pass's. On an AVX2 CPU a greedy verify call otherwise
+// computes all 262,144 logits a row in float32 multiply-adds of 8 lanes: at 9 rows 1.5
+// G multiply-adds, which 2 cores take 20 ms or more over, beside a 15 ms decode step.
 //
 // The AMX screen (`specjax_q8_argmax_screen_f32`, where the CPU has AMX-INT8:
 // `specjax_q8_argmax_screen_supported`). At 9 rows the VNNI pass above is bound
@@ -74,6 +79,10 @@
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #define SPECJAX_Q8_ARGMAX 1
+#define SPECJAX_Q8_ARGMAX_VNNI 1   // the first pass on 512-bit VNNI dot products
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SPECJAX_Q8_ARGMAX 1        // the first pass on AVX2's byte multiply-adds
 #include <immintrin.h>
 #endif
 
@@ -88,7 +97,11 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int kTile = 16;       // head rows per tile: one 512-bit vector of int32 sums
+#if defined(SPECJAX_Q8_ARGMAX_VNNI)
 constexpr int kMaxGroup = 8;    // rows of x per pass over a tile (2 vectors each in registers)
+#else
+constexpr int kMaxGroup = 4;    // AVX2: 16 vector registers, two accumulators a row
+#endif
 constexpr int kTilesPerPanel = 16;
 constexpr int64_t kTilesPerPass = 16;   // 160 KB of the 270M's head: in L2 for the next group
 constexpr float kRoundingMargin = 1.0f / 65536.0f;   // 2^-16, see the top
@@ -168,7 +181,7 @@ std::pair<int32_t, float> every_logit(const float* x, const Head& h) {
   return {best, best_value};
 }
 
-#if defined(SPECJAX_Q8_ARGMAX)
+#if defined(SPECJAX_Q8_ARGMAX_VNNI)
 
 inline float max_lane(__m512 v) { return _mm512_reduce_max_ps(v); }
 
@@ -255,6 +268,109 @@ void scan_tiles(const Head& h, const QuantRow* rows, int64_t t0, int64_t t1, flo
   }
   for (int g = 0; g < G; ++g) floor[g] = std::max(floor[g], max_lane(scan[g].lower_max));
 }
+
+#elif defined(SPECJAX_Q8_ARGMAX)
+
+// AVX2's first pass: the same tiles, rounding, bounds and candidates, on 256-bit vectors. A
+// tile's 16 rows are two vectors of 8. vpmaddubsw multiplies unsigned bytes by signed ones
+// and adds each pair into int16 with saturation, so it takes |q| (at most 128) against x
+// with q's sign (|x| <= 127): a pair is at most 2 * 128 * 127 = 32,512 < 2^15, exact.
+// vpmaddwd by ones then adds the pairs into the int32 sum of 4 inputs a row, sum q x, that
+// vpdpbusd's sum (q + 128) x less 128 sum x gives (so no block term here).
+struct RowScan {
+  float lower_max;
+  float* floor;
+  std::vector<Candidate>* found;
+  size_t* limit;
+};
+
+// As the AVX-512 keep_candidates, over a tile's 16 bounds in memory.
+inline void keep_candidates(int64_t t, int64_t tiles_seen, const float* upper,
+                            const float* lower, RowScan& r) {
+  for (int l = 0; l < kTile; ++l) r.lower_max = std::max(r.lower_max, lower[l]);
+  if (tiles_seen % 8 == 0) *r.floor = std::max(*r.floor, r.lower_max);
+  for (int l = 0; l < kTile; ++l) {
+    if (upper[l] >= *r.floor) r.found->push_back({t * kTile + l, upper[l]});
+  }
+  if (r.found->size() > *r.limit) {
+    *r.floor = std::max(*r.floor, r.lower_max);
+    const float f = *r.floor;
+    r.found->erase(std::remove_if(r.found->begin(), r.found->end(),
+                                  [f](const Candidate& c) { return c.upper < f; }),
+                   r.found->end());
+    *r.limit = std::max(*r.limit, 2 * r.found->size());
+  }
+}
+
+template <int G, int kShift>
+void scan_tiles(const Head& h, const QuantRow* rows, int64_t t0, int64_t t1, float* floor,
+                std::vector<Candidate>* found, size_t* limit) {
+  constexpr int64_t B = int64_t{1} << kShift;
+  constexpr int64_t kGroupsPerBlock = B / 4;
+  const int64_t blocks = h.I / B;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));   // q + 128 -> q
+  RowScan scan[G];
+  for (int g = 0; g < G; ++g)
+    scan[g] = {-std::numeric_limits<float>::infinity(), floor + g, found + g, limit + g};
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* tile = h.tiles + t * h.I * kTile;
+    const float* scale = h.tile_scale + t * blocks * kTile;
+    __m256 logit[G][2];
+    for (int g = 0; g < G; ++g) logit[g][0] = logit[g][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m256i acc[G][2];
+      for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int64_t k = 0; k < kGroupsPerBlock; ++k) {
+        const uint8_t* line = tile + (b * kGroupsPerBlock + k) * 64;
+        __builtin_prefetch(line + kPrefetchBytes, 0, 2);
+        const __m256i q0 = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line)), flip);
+        const __m256i q1 = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32)), flip);
+        const __m256i abs0 = _mm256_abs_epi8(q0), abs1 = _mm256_abs_epi8(q1);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+          int32_t x4;
+          __builtin_memcpy(&x4, rows[g].xs.data() + b * B + 4 * k, sizeof(x4));
+          const __m256i xv = _mm256_set1_epi32(x4);
+          acc[g][0] = _mm256_add_epi32(acc[g][0], _mm256_madd_epi16(
+              _mm256_maddubs_epi16(abs0, _mm256_sign_epi8(xv, q0)), ones));
+          acc[g][1] = _mm256_add_epi32(acc[g][1], _mm256_madd_epi16(
+              _mm256_maddubs_epi16(abs1, _mm256_sign_epi8(xv, q1)), ones));
+        }
+      }
+      const __m256 s0 = _mm256_loadu_ps(scale + b * kTile);
+      const __m256 s1 = _mm256_loadu_ps(scale + b * kTile + 8);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const __m256 step = _mm256_set1_ps(rows[g].step[b]);
+        logit[g][0] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[g][0]), step), s0,
+                                      logit[g][0]);
+        logit[g][1] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[g][1]), step), s1,
+                                      logit[g][1]);
+      }
+    }
+    const __m256 l1a = _mm256_loadu_ps(h.l1max + t * kTile);
+    const __m256 l1b = _mm256_loadu_ps(h.l1max + t * kTile + 8);
+    for (int g = 0; g < G; ++g) {
+      const __m256 bound = _mm256_set1_ps(rows[g].bound_per_l1);
+      const __m256 e0 = _mm256_mul_ps(l1a, bound), e1 = _mm256_mul_ps(l1b, bound);
+      alignas(32) float upper[kTile], lower[kTile];
+      _mm256_store_ps(upper, _mm256_add_ps(logit[g][0], e0));
+      _mm256_store_ps(upper + 8, _mm256_add_ps(logit[g][1], e1));
+      _mm256_store_ps(lower, _mm256_sub_ps(logit[g][0], e0));
+      _mm256_store_ps(lower + 8, _mm256_sub_ps(logit[g][1], e1));
+      keep_candidates(t, t - t0, upper, lower, scan[g]);
+    }
+  }
+  for (int g = 0; g < G; ++g) floor[g] = std::max(floor[g], scan[g].lower_max);
+}
+
+#endif  // SPECJAX_Q8_ARGMAX_VNNI, else AVX2
+
+#if defined(SPECJAX_Q8_ARGMAX)
 
 using ScanFn = void (*)(const Head&, const QuantRow*, int64_t, int64_t, float*,
                         std::vector<Candidate>*, size_t*);
@@ -349,7 +465,7 @@ void argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, int64_t N
 
 #endif  // SPECJAX_Q8_ARGMAX
 
-#if defined(SPECJAX_Q8_ARGMAX) && defined(SPECJAX_AMX)
+#if defined(SPECJAX_Q8_ARGMAX_VNNI) && defined(SPECJAX_AMX)
 
 // ---- The AMX screen (see the top): x's rows as 2-byte integers, a tile product per 64
 // inputs against the head's screen table, int32 sums over a whole row of the head. ----
@@ -553,7 +669,7 @@ void screen_argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, co
   for (int64_t n : slow) std::tie(index[n], value[n]) = every_logit<kShift>(x + n * h.I, h);
 }
 
-#endif  // SPECJAX_Q8_ARGMAX && SPECJAX_AMX
+#endif  // SPECJAX_Q8_ARGMAX_VNNI && SPECJAX_AMX
 
 ffi::Error Q8Argmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI, ffi::Buffer<ffi::U8> tiles,
                     ffi::Buffer<ffi::F32> tile_scale, ffi::Buffer<ffi::F32> l1max,
@@ -590,7 +706,7 @@ ffi::Error Q8Argmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI, ffi::Buff
   }
   return ffi::Error::Success();
 #else
-  return ffi::Error::Internal("q8_argmax: this build has no AVX-512 VNNI (see "
+  return ffi::Error::Internal("q8_argmax: this build has neither AVX-512 VNNI nor AVX2 (see "
                               "specjax_q8_argmax_supported)");
 #endif
 }
@@ -622,7 +738,7 @@ ffi::Error Q8ArgmaxScreen(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
         "q8_argmax screen: expected x[N, I], screen[O / 16, I * 16], meta[O / 16, 48], "
         "q[O, I], scale[O, I / B], O a multiple of 16, I of 64, B 16 or 32");
   }
-#if defined(SPECJAX_Q8_ARGMAX) && defined(SPECJAX_AMX)
+#if defined(SPECJAX_Q8_ARGMAX_VNNI) && defined(SPECJAX_AMX)
   if (!specjax::amx_usable()) {
     return ffi::Error::Internal("q8_argmax screen: this CPU or OS does not let the process use "
                                 "AMX (check specjax_q8_argmax_screen_supported first)");
@@ -647,7 +763,7 @@ ffi::Error Q8ArgmaxScreen(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x_NxI,
 }
 
 ffi::Error ScreenSupported(ffi::ResultBuffer<ffi::S32> out) {
-#if defined(SPECJAX_Q8_ARGMAX) && defined(SPECJAX_AMX)
+#if defined(SPECJAX_Q8_ARGMAX_VNNI) && defined(SPECJAX_AMX)
   *out->typed_data() = specjax::amx_usable() ? 1 : 0;
 #else
   *out->typed_data() = 0;

@@ -7,12 +7,14 @@ in two passes: integer dot products against int8-rounded activations, with a
 rigorous bound on their error, leave a handful of candidate rows; only those
 get the exact float32 sum. The first pass is 64 int8 products an instruction
 (AVX-512 VNNI) where `q8_matmul` does 16 float32 ones, so at 5 or 9 positions
-the head costs about what reading it once does. See the .cc file for the bound.
+the head costs about what reading it once does; with AVX2 alone, 32 int8
+products in four instructions where `q8_matmul` does 8 float32 ones in one,
+with the same bound. See the .cc file for the bound.
 
 The head needs a second layout for it (`tile_form`, made at load beside the
 form: the same 168 MB for the 270M, plus its scales again and a float a row).
 `applies` says whether a call can take it: the CPU backend, float32 x, 1 to
-MAX_ROWS rows, and a build with AVX-512 VNNI (`available`). Elsewhere callers
+MAX_ROWS rows, and a build with AVX-512 VNNI or AVX2 (`available`). Elsewhere callers
 take the logits and their argmax, which give the same token.
 """
 
@@ -40,7 +42,7 @@ MAX_ROWS = 64    # positions a call scores (a verify call over 9 at batch 4 is 3
 
 @functools.cache
 def available() -> bool:
-  """Whether the kernel is built, registered and has its fast path (AVX-512 VNNI)."""
+  """Whether the kernel is built, registered and has its fast path (AVX-512 VNNI, or AVX2)."""
   return build.supported(KERNEL, _TARGETS, SUPPORTED_TARGET)
 
 
@@ -121,7 +123,7 @@ def head_argmax(x_NxI: Array, tiles: Array, tile_scale: Array, l1max: Array, q_O
   given as its int8 form (q, scale) and that form's `tile_form`."""
   if not available():
     raise RuntimeError('the q8_argmax kernel is not available here (needs the CPU backend and '
-                       'a build with AVX-512 VNNI): check `applies` first')
+                       'a build with AVX-512 VNNI or AVX2): check `applies` first')
   n = x_NxI.shape[0]
   call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((n,), jnp.int32),
                                    jax.ShapeDtypeStruct((n,), jnp.float32)))

@@ -49,8 +49,9 @@ def _load(model: str, seed: int, mesh_data: int, mesh_model: int):
 
 
 # Bump when what `q8_weights.all_forms` stores changes.
-Q8_FORMS_VERSION = 4   # 2: the head's tile layout for q8_argmax too; 3: q8_amx's tiles;
-#                         4: the head's AMX screen table where the CPU has AMX-INT8
+Q8_FORMS_VERSION = 5   # 2: the head's tile layout for q8_argmax too; 3: q8_amx's tiles;
+#                         4: the head's AMX screen table where the CPU has AMX-INT8;
+#                         5: the head's tiles on AVX2 CPUs too
 
 
 def cached_forms(model: str, params):

@@ -94,7 +94,7 @@ class HeadArgmaxKind(NamedTuple):
   call: Callable[..., Any]
 
 
-# Preferred first: the AMX screen, then the VNNI pass's tiles.
+# Preferred first: the AMX screen, then the VNNI pass's tiles (AVX-512 VNNI, or AVX2).
 HEAD_ARGMAX_KINDS = (
     HeadArgmaxKind(HEAD_SCREEN_ARRAYS, q8_argmax.screen_available, q8_argmax.screen_form,
                    q8_argmax.screen_argmax),

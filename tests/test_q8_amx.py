@@ -108,6 +108,9 @@ def test_a_row_is_the_same_bits_whatever_the_other_rows():
   assert np.array_equal(_amx(x[order], q, scale, off), whole[order])
   for n in (0, 13, 63):
     assert np.array_equal(_amx(x[n:n + 1], q, scale, off)[0], whole[n])
+  # More rows than a call takes: calls of 64, each row still its own bits.
+  many = np.concatenate([x, x[order][:36]])
+  assert np.array_equal(_amx(many, q, scale, off), np.concatenate([whole, whole[order][:36]]))
 
 
 @needs_kernel
@@ -163,10 +166,11 @@ def test_the_tile_layout_holds_the_matrix():
 
 
 @needs_kernel
-@pytest.mark.parametrize('batch,length', [(1, 1), (1, 9), (4, 5), (8, 8), (13, 5)])
-def test_the_model_takes_amx_products_for_1_to_64_rows(batch, length):
-  """Every layer matrix takes q8_amx up to its row limit (the head stays q8_matmul's), and
-  the logits stay within float32 rounding of the float32 model's."""
+@pytest.mark.parametrize('batch,length', [(1, 1), (1, 9), (4, 5), (8, 8), (13, 5), (16, 9),
+                                          (20, 13)])
+def test_the_model_takes_amx_products_up_to_its_row_limit(batch, length):
+  """Every layer matrix takes q8_amx up to its row limit, in calls of 64 rows (the head stays
+  q8_matmul's), and the logits stay within float32 rounding of the float32 model's."""
   cfg = config_lib.tiny_config()
   params = gguf_like_params(jax.tree.map(lambda x: x * 1.5,
                                          gemma.init_params(cfg, jax.random.key(2))))
@@ -178,8 +182,9 @@ def test_the_model_takes_amx_products_for_1_to_64_rows(batch, length):
   run = jax.jit(lambda p: model.forward(p, tokens, positions, model.init_cache(batch, 32)))
   text = run.lower(with_q8).as_text()
   calls = text.count(f'@{q8_amx.TARGET}(') + text.count(f'@{q8_amx.OFFSET_TARGET}(')
-  within = batch * length <= q8_amx.MAX_ROWS
-  assert calls == (7 * cfg.num_layers if within else 0)
+  rows = batch * length
+  chunks = -(-rows // q8_amx.MAX_ROWS) if rows <= q8_amx.MAX_SPLIT_ROWS else 0
+  assert calls == 7 * cfg.num_layers * chunks
   # logits of magnitude 1 to 5: x rounded to 22 bits of its block maximum moves them by
   # 1.4e-5 at most here (q8_matmul's float32 sums, test_q8_weights: 1e-5)
   np.testing.assert_allclose(run(with_q8).logits_BxRxV, run(params).logits_BxRxV,

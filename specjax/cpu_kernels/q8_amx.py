@@ -14,7 +14,7 @@ so a decode step and a verify call agree.
 
 The weights are read in a tile layout made at load (`tile_form`). `applies`
 says whether a product can take the kernel: the CPU backend, float32 x, 1 to
-MAX_ROWS rows, and a build and CPU with AMX-INT8 that the OS lets the process
+MAX_SPLIT_ROWS rows (in calls of MAX_ROWS), and a build and CPU with AMX-INT8 that the OS lets the process
 use (`available`: Sapphire Rapids and later Xeons). Elsewhere callers take
 `q8_matmul`. No gradient: the target is frozen.
 """
@@ -37,6 +37,11 @@ OFFSET_TARGET = 'specjax_q8_amx_offset_matmul_f32'   # w = q * scale - offset
 SUPPORTED_TARGET = 'specjax_q8_amx_supported'
 TILE = 16        # outputs per tile
 MAX_ROWS = 64    # rows of x a call takes (a verify call over 9 positions at batch 4 is 36)
+# Rows a product takes the kernel for, in calls of MAX_ROWS: a row's bits do not depend on the
+# other rows, so a verify call of a large batch (16 rows x 9 positions) gets the bits its
+# decode steps get, where XLA's float32 product would round differently (and took 9 decode
+# steps for 16 x 5 on a 2-core Xeon). Past this, a prefill's many rows, XLA's product.
+MAX_SPLIT_ROWS = 4 * MAX_ROWS
 BLOCK_SIZES = (16, 32)
 
 
@@ -47,7 +52,7 @@ def available() -> bool:
 
 
 def applies(num_rows: int, x: Array) -> bool:
-  return (jax.default_backend() == 'cpu' and 1 <= num_rows <= MAX_ROWS
+  return (jax.default_backend() == 'cpu' and 1 <= num_rows <= MAX_SPLIT_ROWS
           and x.dtype == jnp.float32 and available())
 
 
@@ -92,6 +97,9 @@ def q8_amx_matmul(x_NxI: Array, tiles: Array, scale: Array, offset: Array | None
                      f'float32 scale[O / 16, I / B * 16] (and an offset like scale), B in '
                      f'{BLOCK_SIZES}; got '
                      + ', '.join(f'{a.dtype}{list(a.shape)}' for a in operands))
+  if x_NxI.shape[0] > MAX_ROWS:   # calls of MAX_ROWS rows (see MAX_SPLIT_ROWS)
+    return jnp.concatenate([q8_amx_matmul(x_NxI[n:n + MAX_ROWS], tiles, scale, offset)
+                            for n in range(0, x_NxI.shape[0], MAX_ROWS)])
   out = jax.ShapeDtypeStruct((x_NxI.shape[0], tiles.shape[0] * TILE), jnp.float32)
   target = TARGET if offset is None else OFFSET_TARGET
   return jax.ffi.ffi_call(target, out, vmap_method='sequential')(*operands)

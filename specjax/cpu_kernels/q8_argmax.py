@@ -37,7 +37,9 @@ SCREEN_TARGET = 'specjax_q8_argmax_screen_f32'
 SCREEN_SUPPORTED_TARGET = 'specjax_q8_argmax_screen_supported'
 _TARGETS = (TARGET, SUPPORTED_TARGET, SCREEN_TARGET, SCREEN_SUPPORTED_TARGET)
 TILE = 16        # head rows per tile
-MAX_ROWS = 64    # positions a call scores (a verify call over 9 at batch 4 is 36)
+# Positions a call scores: a verify call over 9 at batch 16 is 144, and each row's answer is
+# exact whatever the others (past it, a prefill's rows, the logits and their argmax).
+MAX_ROWS = 256
 
 
 @functools.cache

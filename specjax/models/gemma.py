@@ -120,7 +120,7 @@ def linear(x_BxTxI: Array, w_OxI: Array, out_dtype: Any = None,
   output layout and picks its slow small-M kernel again. A float32 product of
   a few rows on CPU takes specjax's skinny-matmul kernel, or, given the
   matrix's int8 form `q8` (`q8_weights`), the kernel that reads that, or given its
-  tile layout `amx` too, Intel AMX's tile products of it (`q8_amx`, 1 to 64 rows).
+  tile layout `amx` too, Intel AMX's tile products of it (`q8_amx`, 1 to 256 rows in calls of 64).
   """
   b, t, i = x_BxTxI.shape
   if amx is not None and q8_amx_lib.applies(b * t, x_BxTxI):

@@ -451,7 +451,7 @@ def with_q8_weights(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE,
   _with_head_tiles(out, model_shards, forms)
   if counts['amx']:
     logging.info('%d matrices take Intel AMX tile products (q8_amx) for 1 to %d rows',
-                 counts['amx'], q8_amx.MAX_ROWS)
+                 counts['amx'], q8_amx.MAX_SPLIT_ROWS)
   logging.info('serving %d matrices from their int8 blocks: %.0f MB a step instead of %.0f MB '
                '(%.0f MB of other matrices as they are)', counts['split'],
                counts['q8 bytes'] / 1e6, counts['bytes split'] / 1e6, counts['bytes kept'] / 1e6)

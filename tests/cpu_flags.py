@@ -3,6 +3,8 @@ kernel's `available()` with this, so a kernel silently off where the CPU has its
 fails a test instead of skipping one."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from specjax.cpu_kernels import build
@@ -20,3 +22,12 @@ def native_build_with(*needed: str) -> bool:
   has every flag in `needed`."""
   native = os.environ.get(build.MARCH_ENV, '').strip() in ('', 'native')
   return native and build.enabled() and set(needed) <= flags()
+
+
+def run_under_march(code: str, march: str = 'haswell') -> subprocess.CompletedProcess:
+  """Python `code` in a process of its own whose kernels are built for `march` (the tests'
+  directory importable): an AVX-512 machine's suite otherwise runs only its native build."""
+  env = dict(os.environ, **{build.MARCH_ENV: march})
+  env['PYTHONPATH'] = os.pathsep.join([os.path.dirname(__file__), env.get('PYTHONPATH', '')])
+  return subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                        timeout=600, check=False)

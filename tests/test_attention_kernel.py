@@ -1,9 +1,5 @@
 """The CPU attention kernel: right, the same bits per query whatever runs beside it, differentiable, used."""
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -176,8 +172,5 @@ def test_the_avx2_build_is_right_too():
       '    t.test_equals_a_float64_attention(shape, softcap)',
       '  if shape[0] * shape[1] > 1:',
       '    t.test_each_query_is_bit_identical_to_that_query_alone(shape)'])
-  env = dict(os.environ, **{build.MARCH_ENV: 'haswell'})
-  env['PYTHONPATH'] = os.pathsep.join([os.path.dirname(__file__), env.get('PYTHONPATH', '')])
-  result = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+  result = cpu_flags.run_under_march(code)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -1,16 +1,11 @@
 """The head's argmax from its int8 blocks: the same index and value as q8_matmul's logits, always."""
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import cpu_flags
-from specjax.cpu_kernels import build
 from specjax.cpu_kernels import q8_argmax
 from specjax.cpu_kernels import q8_matmul
 
@@ -220,8 +215,5 @@ def test_the_avx2_build_is_right_too():
       "t.test_ties_and_near_ties_give_the_first_index('vnni')",
       "t.test_every_row_a_candidate_and_rows_that_are_not_finite('vnni')",
       't.test_bad_operands_are_named()'])
-  env = dict(os.environ, **{build.MARCH_ENV: 'haswell'})
-  env['PYTHONPATH'] = os.pathsep.join([os.path.dirname(__file__), env.get('PYTHONPATH', '')])
-  result = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+  result = cpu_flags.run_under_march(code)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -181,6 +181,18 @@ std::pair<int32_t, float> every_logit(const float* x, const Head& h) {
   return {best, best_value};
 }
 
+#if defined(SPECJAX_Q8_ARGMAX)
+// Drops a row's candidates below its floor. Where many rows stay within reach (flat
+// logits), the next compaction waits until the list has doubled again, so that compacting
+// costs O(1) a candidate, not O(list) a tile.
+inline void compact(float floor, std::vector<Candidate>* found, size_t* limit) {
+  found->erase(std::remove_if(found->begin(), found->end(),
+                              [floor](const Candidate& c) { return c.upper < floor; }),
+               found->end());
+  *limit = std::max(*limit, 2 * found->size());
+}
+#endif
+
 #if defined(SPECJAX_Q8_ARGMAX_VNNI)
 
 inline float max_lane(__m512 v) { return _mm512_reduce_max_ps(v); }
@@ -211,13 +223,7 @@ inline void keep_candidates(int64_t t, int64_t tiles_seen, __m512 upper, __m512 
   }
   if (r.found->size() > *r.limit) {   // keep the list short while the floor rises
     *r.floor = std::max(*r.floor, max_lane(r.lower_max));
-    const float f = *r.floor;
-    r.found->erase(std::remove_if(r.found->begin(), r.found->end(),
-                                  [f](const Candidate& c) { return c.upper < f; }),
-                   r.found->end());
-    // Where many rows stay within reach (flat logits), compact only when the list has
-    // doubled again, so that compacting costs O(1) a candidate, not O(list) a tile.
-    *r.limit = std::max(*r.limit, 2 * r.found->size());
+    compact(*r.floor, r.found, r.limit);
   }
 }
 
@@ -294,11 +300,7 @@ inline void keep_candidates(int64_t t, int64_t tiles_seen, const float* upper,
   }
   if (r.found->size() > *r.limit) {
     *r.floor = std::max(*r.floor, r.lower_max);
-    const float f = *r.floor;
-    r.found->erase(std::remove_if(r.found->begin(), r.found->end(),
-                                  [f](const Candidate& c) { return c.upper < f; }),
-                   r.found->end());
-    *r.limit = std::max(*r.limit, 2 * r.found->size());
+    compact(*r.floor, r.found, r.limit);
   }
 }
 

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 import re
 import shutil
+import threading
+import types
 
 import gguf
 import jax
@@ -334,6 +336,56 @@ def test_cache_second_load_skips_the_gguf(tiny, tmp_path, monkeypatch):
   assert cached_metadata == gguf_loader.read_gguf_metadata(path)
 
 
+def _two_at_once(build, monkeypatch, module, name):
+  """Runs `build()` on two threads that both find the cache entry missing, the second
+  starting while the first is inside `module.name` (made to wait); returns the number of
+  calls of `module.name`, the two results and any errors. A second loader that does not
+  wait for the first converts too (two calls); one that deletes the first's entry makes
+  the first fail reading it back."""
+  inside, release, calls = threading.Event(), threading.Event(), []
+  real = getattr(module, name)
+
+  def held(*args, **kwargs):
+    calls.append(1)
+    inside.set()
+    release.wait(30)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(module, name, held)
+  results, errors = [None, None], []
+
+  def run(i):
+    try:
+      results[i] = build()
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+  threads[0].start()
+  assert inside.wait(30)
+  threads[1].start()
+  threads[1].join(0.5)   # time to reach the conversion, were it not waiting for the first
+  release.set()
+  for t in threads:
+    t.join(60)
+  return len(calls), results, errors
+
+
+def test_two_loaders_of_a_fresh_cache_convert_once(tiny, tmp_path, monkeypatch):
+  """The suite's two workers on a fresh machine both load a checkpoint into an empty
+  cache: one converts it, the other waits and reads the entry the first wrote."""
+  config, params = tiny
+  path = tmp_path / 'tiny.gguf'
+  write_gguf(path, config, params)
+  calls, results, errors = _two_at_once(
+      lambda: weight_cache.load_gguf_cached(path, tmp_path / 'cache'), monkeypatch,
+      gguf_loader, 'gguf_params')
+  assert not errors and calls == 1
+  for got_config, got in results:
+    assert got_config == config
+    _assert_trees_close(got, params)
+
+
 def test_cache_dir_comes_from_the_environment(tiny, tmp_path, monkeypatch):
   config, params = tiny
   path = tmp_path / 'tiny.gguf'
@@ -631,6 +683,16 @@ def test_derived_arrays_are_made_once_then_read_back(tmp_path, caplog):
   assert np.array_equal(got['a.b_q8'], arrays['a.b_q8'])
   with pytest.raises(ValueError, match='plain file names'):
     weight_cache.derived_arrays('forms', 1, 'xyz', lambda: {'../up': arrays['a.b_q8']}, cache)
+
+
+def test_derived_arrays_made_by_two_at_once_are_made_once(tmp_path, monkeypatch):
+  arrays = {'a_q8': np.arange(-64, 64, dtype=np.int8).reshape(2, 64)}
+  maker = types.SimpleNamespace(make=lambda: arrays)
+  calls, results, errors = _two_at_once(
+      lambda: weight_cache.derived_arrays('forms', 1, 'abc', maker.make, tmp_path / 'cache'),
+      monkeypatch, maker, 'make')
+  assert not errors and calls == 1
+  assert all(np.array_equal(got['a_q8'], arrays['a_q8']) for got in results)
 
 
 def test_the_loader_splits_a_checkpoint_once(tiny, tmp_path, monkeypatch):

@@ -18,6 +18,13 @@ Hashing runs in memory-mapped 64 MiB chunks on every core. It is the price of
 a warm load: 0.1 s unverified (pages map lazily), 0.75-1.3 s verified for the
 270M entry (1.1 GB) on this project's 2 shared CPU cores, at load average 3-5.
 
+Processes that find an entry missing at the same time (the test suite's two
+workers on a fresh machine, two runs started together) build it one at a
+time, under an exclusive lock on `.<entry name>.lock` beside it: the second
+reads what the first wrote instead of converting again. Without the lock the
+second writer took the first one's finished entry for a leftover and deleted
+it, as the first was reading it back ("unreadable right after writing").
+
 Layout of `<cache_dir>/params-v<FORMAT_VERSION>-<sha256>/`:
   config.json     the GemmaConfig
   metadata.json   the GGUF's general.* and tokenizer.ggml.* fields
@@ -32,6 +39,8 @@ Arrays computed from a checkpoint (the int8 forms of its matrices, which take
 from __future__ import annotations
 
 from concurrent import futures
+import contextlib
+import fcntl
 import hashlib
 import json
 import mmap
@@ -139,6 +148,27 @@ def entry_digests(entry: Path, names: list[str]) -> dict[str, str]:
   return {name: h.hexdigest() for name, h in per_file.items()}
 
 
+@contextlib.contextmanager
+def _one_builder(entry: Path):
+  """Holds an exclusive lock on `.<entry name>.lock` beside `entry`, waiting for it.
+
+  Where the lock file cannot be made (a read-only cache), it does not lock: the build
+  that follows fails or goes uncached there anyway, with its own message.
+  """
+  try:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(entry.parent / f'.{entry.name}.lock', 'a')  # pylint: disable=consider-using-with
+  except OSError:
+    yield
+    return
+  with lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _entry_files(leaves) -> list[str]:
   return ['config.json', 'metadata.json'] + [f'params/{leaf}.npy' for leaf in leaves]
 
@@ -222,19 +252,24 @@ def _load(path: str | os.PathLike, cache_dir: str | os.PathLike | None
   sha256 = file_sha256(path, cache_dir)
   entry = entry_dir(sha256, cache_dir)
   loaded = _read_entry(entry)
-  if loaded is None:
-    logging.info('converting %s into the weight cache at %s', path, entry)
-    reader = gguf_loader.open_gguf(path)
-    config = gguf_loader.gguf_config(reader, path)
-    params = gguf_loader.gguf_params(reader, config, path)
-    metadata = gguf_loader.gguf_metadata(reader, path)
-    try:
-      _write_entry(entry, sha256, path, config, params, metadata)
-    except OSError as e:
-      raise CheckpointError(f'{path}: cannot write weight cache entry {entry}: {e}') from e
-    loaded = _read_entry(entry)
+  if loaded is not None:
+    return (entry, *loaded)
+  with _one_builder(entry):
+    loaded = _read_entry(entry)   # built by another process while this one waited
     if loaded is None:
-      raise CheckpointError(f'{path}: weight cache entry {entry} is unreadable right after writing')
+      logging.info('converting %s into the weight cache at %s', path, entry)
+      reader = gguf_loader.open_gguf(path)
+      config = gguf_loader.gguf_config(reader, path)
+      params = gguf_loader.gguf_params(reader, config, path)
+      metadata = gguf_loader.gguf_metadata(reader, path)
+      try:
+        _write_entry(entry, sha256, path, config, params, metadata)
+      except OSError as e:
+        raise CheckpointError(f'{path}: cannot write weight cache entry {entry}: {e}') from e
+      loaded = _read_entry(entry)
+      if loaded is None:
+        raise CheckpointError(
+            f'{path}: weight cache entry {entry} is unreadable right after writing')
   return (entry, *loaded)
 
 
@@ -298,6 +333,15 @@ def derived_arrays(kind: str, version: int, sha256: str,
   """
   entry = derived_dir(kind, version, sha256, cache_dir)
   found = _read_derived(entry, version)
+  if found is not None:
+    return found
+  with _one_builder(entry):
+    return _build_derived(entry, kind, version, sha256, make)
+
+
+def _build_derived(entry: Path, kind: str, version: int, sha256: str,
+                   make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  found = _read_derived(entry, version)   # built by another process while this one waited
   if found is not None:
     return found
   arrays = make()

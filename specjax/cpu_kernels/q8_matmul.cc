@@ -98,11 +98,7 @@ void group_rows(const float* x, const Blocks& w, float* y, int64_t O, int64_t I,
   constexpr int64_t block = int64_t{1} << kShift;
   const int64_t blocks = w.per_row;
   int64_t o = o0;
-  for (; o < o1; o += R) {
-    if (o + R > o1) {   // the rows left over: the same sums, one w row at a time
-      group_rows<G, 1, kPrefetch, kShift, kOffset>(x, w, y, O, I, o, o1);
-      return;
-    }
+  for (; o + R <= o1; o += R) {
     f32x8 acc[R][G] = {};
     for (int64_t b = 0; b < blocks; ++b) {
       float scale[R], offset[R];
@@ -127,6 +123,8 @@ void group_rows(const float* x, const Blocks& w, float* y, int64_t O, int64_t I,
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < G; ++g) y[g * O + o + r] = sum_lanes(acc[r][g]);
   }
+  // The rows left over: the same sums, one w row at a time.
+  if (o < o1) group_rows<G, 1, kPrefetch, kShift, kOffset>(x, w, y, O, I, o, o1);
 }
 
 using GroupFn = void (*)(const float*, const Blocks&, float*, int64_t, int64_t, int64_t, int64_t);

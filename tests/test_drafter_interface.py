@@ -128,8 +128,7 @@ def test_hidden_states_reach_init_and_update_on_a_real_gemma():
   drafter = base.Drafter(name='spy', vocab_size=model.config.vocab_size, init=init,
                          update=base.no_state_update, propose=propose, hidden_layers=(1,))
   loop = program.Loop(target=model, sampling=sampling_lib.SamplingConfig(), eos_ids=(),
-                      max_new_tokens=4, prefill_len=16, drafter=drafter, gamma=2,
-                      policy=draft_length.fixed(2))
+                      prefill_len=16, drafter=drafter, gamma=2, policy=draft_length.fixed(2))
   packed = program.pack(model, [[2, 5, 9, 11]], max_new_tokens=4, extra_slots=3)
   tokens = jnp.asarray(packed.tokens_BxS)
   state, out = prefill_lib.start(model, params, tokens, jnp.asarray(packed.lengths_B),
@@ -156,7 +155,7 @@ def test_a_step_without_evidence_is_a_plain_decode_step():
   packed = program.pack(model, [[2, 5, 9, 11], [7, 1, 3]], max_new_tokens=8,
                         extra_slots=gamma + 1)
   sampling = sampling_lib.SamplingConfig()
-  loop = program.Loop(target=model, sampling=sampling, eos_ids=(), max_new_tokens=8,
+  loop = program.Loop(target=model, sampling=sampling, eos_ids=(),
                       prefill_len=packed.prefill_len, drafter=ngram, gamma=gamma, policy=policy)
   keys_B = sampling_lib.row_keys(0, packed.row_ids_B)
   max_new_B = jnp.full((2,), 8, jnp.int32)

@@ -180,8 +180,8 @@ def test_kv_cache_after_a_tree_step_equals_autoregressive_decoding():
                                    out.cache, jnp.int32(0))
   drafter = make_drafter('ngram', target=TARGET)
   loop = program_lib.Loop(target=TARGET, sampling=sampling_lib.SamplingConfig(), eos_ids=(),
-                          max_new_tokens=20, prefill_len=prefill_len, drafter=drafter,
-                          gamma=tree.max_depth, tree=tree)
+                          prefill_len=prefill_len, drafter=drafter, gamma=tree.max_depth,
+                          tree=tree)
   proposal = base.TreeProposal(jnp.asarray(nodes), None, jnp.ones(nodes.shape, bool), ())
   new, _, _, accepted_B, num_accepted_B, _ = tree_verify.call(
       loop, tree, TARGET_PARAMS, jnp.zeros((batch,), jnp.uint32), jnp.full((batch,), 20),

@@ -71,7 +71,7 @@ def program(loop: program_lib.Loop, params, drafter_params, data, tokens_BxS, le
                                eos_ids=loop.eos_ids)
 
   def cond(s: DecodeState):
-    return (s.step < loop.max_new_tokens) & jnp.any(~s.done_B)
+    return (s.step < jnp.max(max_new_B)) & jnp.any(~s.done_B)
 
   def body(s: DecodeState):
     return decode_step(model, params, keys_B, max_new_B, loop, s)[0]
@@ -95,8 +95,9 @@ def generate(model: LanguageModel, params, prompts: Sequence[Sequence[int]] | ba
   packed = program_lib.pack(model, prompts, max_new_tokens=max_new_tokens, extra_slots=1,
                             row_ids=row_ids, max_cache_len=max_cache_len)
   loop = program_lib.Loop(target=model, sampling=sampling, eos_ids=tuple(int(e) for e in eos_ids),
-                          max_new_tokens=max_new_tokens, prefill_len=packed.prefill_len)
-  out, wall_s = program_lib.run(program, loop, params, None, packed, seed=seed, warm_up=warm_up)
+                          prefill_len=packed.prefill_len)
+  out, wall_s = program_lib.run(program, loop, params, None, packed,
+                                max_new_tokens=max_new_tokens, seed=seed, warm_up=warm_up)
   return Generation(
       new_tokens=batch_lib.new_tokens(out['tokens_BxS'], packed.lengths_B, out['num_new_B'],
                                       packed.active_B),

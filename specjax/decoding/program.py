@@ -32,12 +32,15 @@ class Loop:
     autoregressive program.
   tree: the speculative loop's static token tree (`decoding/tree.py`), or None
     for chains of drafts; with a tree, gamma is its depth.
+
+  The token budget is not here: each row's is data (`max_new_B`), so one
+  compiled program serves every `max_new_tokens` of its shape bucket (a sweep
+  over lengths, a test's several budgets, the one-token warm-up).
   """
 
   target: Any
   sampling: sampling_lib.SamplingConfig
   eos_ids: tuple[int, ...]
-  max_new_tokens: int
   prefill_len: int
   drafter: Any = None
   gamma: int = 0
@@ -67,8 +70,8 @@ def _compiled(program: Callable, loop: Loop, *args):
 
 
 def run(program: Callable, loop: Loop, target_params, drafter_params,
-        packed: batch_lib.PromptBatch, *, seed: int, data=None, warm_up: bool = False
-        ) -> tuple[dict[str, np.ndarray], float]:
+        packed: batch_lib.PromptBatch, *, max_new_tokens: int, seed: int, data=None,
+        warm_up: bool = False) -> tuple[dict[str, np.ndarray], float]:
   """Runs `program(loop, target_params, drafter_params, data, tokens_BxS,
   lengths_B, max_new_B, keys_B, active_B)` to completion; returns its outputs
   on the host and the wall time. `data` is any other pytree of arrays the
@@ -79,7 +82,7 @@ def run(program: Callable, loop: Loop, target_params, drafter_params,
   costs without generating, so an experiment's untimed first run is cheap.
   """
   keys_B = sampling_lib.row_keys(seed, packed.row_ids_B)
-  max_new_B = np.full(packed.lengths_B.shape, 1 if warm_up else loop.max_new_tokens, np.int32)
+  max_new_B = np.full(packed.lengths_B.shape, 1 if warm_up else max_new_tokens, np.int32)
   start = time.perf_counter()
   out = _compiled(program, loop, target_params, drafter_params, data, packed.tokens_BxS,
                   packed.lengths_B, max_new_B, keys_B, packed.active_B)

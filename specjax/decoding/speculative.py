@@ -365,7 +365,7 @@ def program(loop: program_lib.Loop, target_params, drafter_params, costs_N, toke
   state = SpecState(decode, drafter_state, draft_length.History.init(batch), counters)
 
   def cond(s: SpecState):
-    return (s.decode.step < loop.max_new_tokens) & jnp.any(~s.decode.done_B)
+    return (s.decode.step < jnp.max(max_new_B)) & jnp.any(~s.decode.done_B)
 
   body = functools.partial(_step, loop, target_params, drafter_params, costs_N, keys_B, max_new_B)
   state = jax.lax.while_loop(cond, body, state)
@@ -444,9 +444,10 @@ def generate(target: LanguageModel, target_params, drafter: Drafter,
   if policy.gamma != gamma:
     raise ValueError(f'the draft-length policy drafts up to {policy.gamma}, but gamma={gamma}')
   loop = program_lib.Loop(target=target, sampling=sampling, eos_ids=tuple(int(e) for e in eos_ids),
-                          max_new_tokens=max_new_tokens, prefill_len=packed.prefill_len,
-                          drafter=drafter, gamma=gamma, policy=policy, tree=tree)
-  out, wall_s = program_lib.run(program, loop, target_params, drafter.params, packed, seed=seed,
+                          prefill_len=packed.prefill_len, drafter=drafter, gamma=gamma,
+                          policy=policy, tree=tree)
+  out, wall_s = program_lib.run(program, loop, target_params, drafter.params, packed,
+                                max_new_tokens=max_new_tokens, seed=seed,
                                 data=np.asarray(policy.costs, np.float32), warm_up=warm_up)
   active = packed.active_B
   return SpeculativeGeneration(

@@ -70,15 +70,10 @@ def program(loop: program_lib.Loop, params, drafter_params, data, tokens_BxS, le
                                prefill_len=loop.prefill_len, sampling=loop.sampling,
                                eos_ids=loop.eos_ids)
 
-  max_steps = jnp.max(max_new_B)   # a bound only: each step commits a token to every live row
-
-  def cond(s: DecodeState):
-    return (s.step < max_steps) & jnp.any(~s.done_B)
-
   def body(s: DecodeState):
     return decode_step(model, params, keys_B, max_new_B, loop, s)[0]
 
-  state = jax.lax.while_loop(cond, body, state)
+  state = jax.lax.while_loop(prefill_lib.still_running(max_new_B), body, state)
   return dict(tokens_BxS=state.tokens_BxS, num_new_B=state.num_new_B, steps=state.step)
 
 

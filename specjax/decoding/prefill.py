@@ -58,6 +58,17 @@ def start(model, params, tokens_BxS: Array, lengths_B: Array, max_new_B: Array, 
   return state, out
 
 
+def still_running(max_new_B: Array):
+  """The decode loops' `while_loop` condition on a DecodeState: some row is unfinished.
+
+  The step count is capped at the largest row budget, which is data (one compiled
+  program serves every budget); it is a bound only, as each step commits a token to
+  every live row.
+  """
+  max_steps = jnp.max(max_new_B)
+  return lambda state: (state.step < max_steps) & jnp.any(~state.done_B)
+
+
 def commit(state: DecodeState, block_BxW: Array, usable_B: Array, max_new_B: Array,
            eos_ids: tuple[int, ...], cache) -> tuple[DecodeState, Array]:
   """Appends each live row's first `usable` tokens of its block, cut after an EOS

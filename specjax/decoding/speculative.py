@@ -364,10 +364,10 @@ def program(loop: program_lib.Loop, target_params, drafter_params, costs_N, toke
       target_calls_B=active_B.astype(jnp.int32))   # the prefill call
   state = SpecState(decode, drafter_state, draft_length.History.init(batch), counters)
 
-  max_steps = jnp.max(max_new_B)   # a bound only: each step commits a token to every live row
+  running = prefill_lib.still_running(max_new_B)
 
   def cond(s: SpecState):
-    return (s.decode.step < max_steps) & jnp.any(~s.decode.done_B)
+    return running(s.decode)
 
   body = functools.partial(_step, loop, target_params, drafter_params, costs_N, keys_B, max_new_B)
   state = jax.lax.while_loop(cond, body, state)

@@ -94,6 +94,33 @@ def test_anything_else_does_not_split(kind):
   assert q8_weights.split(matrix.astype(np.float16)) is None
 
 
+def test_device_arrays_split_on_the_host_without_compiling(monkeypatch):
+  """`all_forms` splits matrices on a thread each: a device array sliced there is a jitted op
+  that two threads, meeting one shape first at once, each compiled (a program written twice
+  to the persistent cache, which CI saw as a cache hit in a process's first run)."""
+  rng = np.random.default_rng(3)
+  host = {f'layer_{i}': {'attn': {'q_NHxD': gguf_exact(rng.normal(size=(72, 96)))}}
+          for i in range(6)}
+  device = jax.tree.map(jnp.asarray, host)
+  q8_amx.available(), q8_argmax.available()  # their one-time probes run a kernel: not this
+  compiles = []
+  listening = [True]
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda name, *_, **__: listening[0] and name.endswith('compile_duration')
+      and compiles.append(name))
+  try:
+    forms = q8_weights.all_forms(device)
+    form = q8_weights.split(device['layer_0']['attn']['q_NHxD'])
+  finally:
+    listening[0] = False
+  assert not compiles, compiles
+  expected = q8_weights.all_forms(host)
+  assert sorted(forms) == sorted(expected) and len(forms) >= 12
+  for key, part in expected.items():
+    assert np.array_equal(forms[key], part), key
+  assert np.array_equal(form.q, expected['layer_0.attn.q_NHxD_q8'])
+
+
 def _gguf_like_tiny(seed=0, **overrides):
   cfg = config_lib.tiny_config(**overrides)
   params = jax.tree.map(lambda x: x * 1.5, gemma.init_params(cfg, jax.random.key(seed)))

@@ -205,6 +205,10 @@ def split(matrix_OxI: Any) -> Form | None:
   """
   if np.ndim(matrix_OxI) != 2 or np.dtype(getattr(matrix_OxI, 'dtype', None)) != np.float32:
     return None
+  # On the host before any thread slices it: a device array's slice is a jitted op, and two
+  # threads taking their first slice of one shape at once each compile it (JAX does not
+  # wait for a compile in flight), a program written twice to the persistent cache.
+  matrix_OxI = np.asarray(matrix_OxI)
   num_rows, width = np.shape(matrix_OxI)
   for block, with_offset in _FORMS:
     if width % block:
@@ -291,7 +295,9 @@ def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
   its screen table, `HEAD_SCREEN_ARRAYS`), where `q8_amx` is the layer matrices'
   (`AMX_SUFFIXES`). The loader keeps them in the weight cache
   (`weight_cache.derived_arrays`): splitting the 270M takes 2.1 s, reading them back 0.3 s."""
-  matrices = [m for m in _matrices(params, tuple(names)) if m[3]]
+  # Host arrays, as `split` wants them, taken here and not in the pool's threads.
+  matrices = [(path, name, np.asarray(value), splits)
+              for path, name, value, splits in _matrices(params, tuple(names)) if splits]
   # The small matrices a thread each (the head's chunks are split on every core by `split`).
   with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
     forms = list(pool.map(lambda m: split(m[2]), matrices))

@@ -92,6 +92,10 @@ def test_soft_labels_are_the_targets_likeliest_draft_tokens_at_each_position():
                                  soft_labels=5)
   np.testing.assert_array_equal(
       teacher.features_NxLxF, trainer.target_features(TARGET, TARGET_PARAMS, tokens, (1,), 3))
+  # Batches of 3 over 4 sequences (the last one padded) fill the rows one call over all gives.
+  np.testing.assert_allclose(
+      teacher.features_NxLxF,
+      trainer.target_features(TARGET, TARGET_PARAMS, tokens, (1,), len(tokens)), atol=1e-5)
   batch, length = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
   logits_BxLxV = TARGET.forward(TARGET_PARAMS, jnp.asarray(tokens), positions,

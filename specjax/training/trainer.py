@@ -230,26 +230,33 @@ def teacher_pass(target, target_params, tokens_NxL: np.ndarray, hidden_layers, b
     raise ValueError(f'{soft_labels} soft labels need a draft vocabulary of at least as many '
                      f'tokens, got {None if head_NxD is None else head_NxD.shape[0]}')
   n = len(tokens_NxL)
-  feats, rows, probs, start = [], [], [], time.monotonic()
-  for first in range(0, n, batch):
+  # Filled in place, not concatenated from pieces: for a million tokens the features at
+  # three layers are 8 GB, and pieces plus their concatenation would need twice that.
+  features_NxLxF = rows_NxLxJ = probs_NxLxJ = None
+  start = time.monotonic()
+  for step, first in enumerate(range(0, n, batch)):
     chunk = tokens_NxL[first:first + batch]
     keep = len(chunk)
     if keep < batch:   # one compiled shape: pad the last batch
       chunk = np.concatenate([chunk, np.zeros((batch - keep,) + chunk.shape[1:], chunk.dtype)])
     f, soft = _teacher_step(target_params, jnp.asarray(chunk), head_NxD, target=target,
                             hidden_layers=tuple(hidden_layers), soft_labels=soft_labels)
-    feats.append(np.asarray(f, np.float32)[:keep])
-    if soft is not None:
-      rows.append(np.asarray(soft.rows_BxLxJ)[:keep])
-      probs.append(np.asarray(soft.probs_BxLxJ)[:keep])
+    if features_NxLxF is None:
+      features_NxLxF = np.empty((n,) + f.shape[1:], np.float32)
+      if soft is not None:
+        rows_NxLxJ = np.empty((n,) + soft.rows_BxLxJ.shape[1:], soft.rows_BxLxJ.dtype)
+        probs_NxLxJ = np.empty((n,) + soft.probs_BxLxJ.shape[1:], soft.probs_BxLxJ.dtype)
     done = first + keep
-    if len(feats) % 20 == 0 or done == n:
+    features_NxLxF[first:done] = np.asarray(f)[:keep]
+    if soft is not None:
+      rows_NxLxJ[first:done] = np.asarray(soft.rows_BxLxJ)[:keep]
+      probs_NxLxJ[first:done] = np.asarray(soft.probs_BxLxJ)[:keep]
+    if (step + 1) % 20 == 0 or done == n:
       spent = time.monotonic() - start
       logging.info('features%s: %d of %d sequences (%.0f s spent, ~%.0f s left)', what, done,
                    n, spent, spent / done * (n - done))
-  soft = (eagle_objective.SoftLabels(np.concatenate(rows), np.concatenate(probs))
-          if soft_labels else None)
-  return Teacher(np.concatenate(feats), soft)
+  soft = eagle_objective.SoftLabels(rows_NxLxJ, probs_NxLxJ) if soft_labels else None
+  return Teacher(features_NxLxF, soft)
 
 
 def target_features(target, target_params, tokens_NxL: np.ndarray, hidden_layers, batch: int,

@@ -295,9 +295,7 @@ def all_forms(params: dict[str, Any], names: tuple[str, ...] = SPLITTABLE
   its screen table, `HEAD_SCREEN_ARRAYS`), where `q8_amx` is the layer matrices'
   (`AMX_SUFFIXES`). The loader keeps them in the weight cache
   (`weight_cache.derived_arrays`): splitting the 270M takes 2.1 s, reading them back 0.3 s."""
-  # Host arrays, as `split` wants them, taken here and not in the pool's threads.
-  matrices = [(path, name, np.asarray(value), splits)
-              for path, name, value, splits in _matrices(params, tuple(names)) if splits]
+  matrices = [m for m in _matrices(params, tuple(names)) if m[3]]
   # The small matrices a thread each (the head's chunks are split on every core by `split`).
   with futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
     forms = list(pool.map(lambda m: split(m[2]), matrices))

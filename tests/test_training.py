@@ -150,6 +150,78 @@ def test_labels_are_the_tokens_two_and_more_ahead_inside_the_sequence_and_vocabu
   assert objective.accepted_run(correct, jnp.asarray([6]), jnp.asarray([3]))[1] == 2
 
 
+# ------------------------------------------------------ the teacher pass on disk
+
+def _counting_teacher_step(monkeypatch, dies_at: int = 0) -> list:
+  real, calls = trainer._teacher_step, []  # pylint: disable=protected-access
+
+  def step(*args, **kwargs):
+    if isinstance(args[1], jax.core.Tracer):   # shapes only (jax.eval_shape): no pass
+      return real(*args, **kwargs)
+    calls.append(1)
+    if len(calls) == dies_at:
+      raise KeyboardInterrupt
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(trainer, '_teacher_step', step)
+  return calls
+
+
+def test_a_teacher_pass_on_disk_resumes_and_is_read_back_bit_for_bit(tmp_path, monkeypatch):
+  """Killed after its record at batch 20, the pass goes on from row 40 (2 more calls,
+  not 22); finished, it is read back with no call; its arrays, features and soft
+  labels, are the bits of a pass held in memory."""
+  tokens = np.random.default_rng(3).integers(0, TARGET.config.vocab_size, (43, 12), np.int32)
+  head_NxD = medusa.head_matrix(TARGET_PARAMS, jnp.arange(30))
+  args = (TARGET, TARGET_PARAMS, tokens, (0, 1), 2)
+  soft = dict(head_NxD=head_NxD, soft_labels=4, target_key='tiny:sha')
+  in_memory = trainer.teacher_pass(*args, head_NxD=head_NxD, soft_labels=4)
+  store = str(tmp_path / 'teacher')
+
+  calls = _counting_teacher_step(monkeypatch, dies_at=21)
+  with pytest.raises(KeyboardInterrupt):
+    trainer.teacher_pass(*args, store=store, **soft)
+  assert json.load(open(os.path.join(store, 'progress.json')))['done'] == 40
+  calls = _counting_teacher_step(monkeypatch)
+  resumed = trainer.teacher_pass(*args, store=store, **soft)
+  assert len(calls) == 2   # rows 40-41 and 42 (padded)
+  calls = _counting_teacher_step(monkeypatch)
+  read_back = trainer.teacher_pass(*args, store=store, **soft)
+  assert not calls
+  for got in (resumed, read_back):
+    assert isinstance(got.features_NxLxF, np.memmap)
+    np.testing.assert_array_equal(got.features_NxLxF, in_memory.features_NxLxF)
+    np.testing.assert_array_equal(got.soft.rows_BxLxJ, in_memory.soft.rows_BxLxJ)
+    np.testing.assert_array_equal(got.soft.probs_BxLxJ, in_memory.soft.probs_BxLxJ)
+
+
+@pytest.mark.parametrize('change', ['tokens', 'layers', 'target', 'truncated', 'progress'])
+def test_a_teacher_store_for_other_inputs_or_damaged_is_computed_again(tmp_path, monkeypatch,
+                                                                       change):
+  tokens = np.random.default_rng(4).integers(0, TARGET.config.vocab_size, (6, 10), np.int32)
+  store = str(tmp_path / 'teacher')
+  trainer.teacher_pass(TARGET, TARGET_PARAMS, tokens, (1,), 2, store=store, target_key='a')
+  layers, key = (1,), 'a'
+  if change == 'tokens':
+    tokens = tokens[::-1].copy()
+  elif change == 'layers':
+    layers = (0, 1)
+  elif change == 'target':
+    key = 'b'
+  elif change == 'truncated':
+    path = os.path.join(store, 'features_NxLxF.npy')
+    os.truncate(path, os.path.getsize(path) // 2)
+  else:
+    with open(os.path.join(store, 'progress.json'), 'w') as f:
+      f.write('{"key": ')
+  calls = _counting_teacher_step(monkeypatch)
+  got = trainer.teacher_pass(TARGET, TARGET_PARAMS, tokens, layers, 2, store=store,
+                             target_key=key)
+  assert len(calls) == 3   # every batch again
+  np.testing.assert_array_equal(
+      got.features_NxLxF, trainer.target_features(TARGET, TARGET_PARAMS, tokens, layers, 2))
+
+
 # ----------------------------------------------------------- resume, exactly
 
 @pytest.mark.parametrize('drafter', ['medusa', 'eagle', 'distilled'])
@@ -173,7 +245,9 @@ def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path, monkeypatch, draf
   with pytest.raises(KeyboardInterrupt):
     trainer.train(broken)
   monkeypatch.setattr(trainer, '_train_step', real_step)
+  teacher_calls = _counting_teacher_step(monkeypatch)
   trainer.train(broken)   # the same command again
+  assert not teacher_calls   # the target's features are read back from output_dir/teacher
   resumed = [json.loads(line) for line in open(os.path.join(broken.output_dir, 'metrics.jsonl'))]
   assert [r['step'] for r in resumed] == list(range(1, 9))   # no step lost or written twice
   for a, b in zip(reference, resumed):

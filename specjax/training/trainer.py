@@ -2,10 +2,11 @@
 
 `train(cfg)` runs the whole recipe: self-distillation data (made if missing,
 `distill_data`), the target's features for every sequence (one teacher-forced
-pass, computed once per run and held in memory: on a CPU that pass costs
-more than the drafter's whole update, so recomputing it every step would
-dominate; for EAGLE with `soft_labels` the same pass keeps the target's
-likeliest next tokens at every position), the drafter's objective
+pass, computed once and kept on disk under `output_dir/teacher` as memory maps,
+`teacher_store`: on a CPU that pass costs more than the drafter's whole update,
+so recomputing it every step would dominate, and a resumed run reads it back;
+for EAGLE with `soft_labels` the same pass keeps the target's likeliest next
+tokens at every position), the drafter's objective
 (`medusa_objective`, `eagle_objective`, `distilled_objective`), AdamW with linear warm-up and cosine decay and
 gradient clipping, and an Orbax checkpoint every `checkpoint_every` steps of
 the drafter's weights and the optimizer state (the last `keep` kept). A killed run
@@ -51,6 +52,7 @@ from specjax.training import distill_data
 from specjax.training import distilled_objective
 from specjax.training import eagle_objective
 from specjax.training import medusa_objective
+from specjax.training import teacher_store
 
 TRAINABLE = ('medusa', 'eagle', 'distilled')
 EAGLE_KEYS = {'steps': int, 'mlp_width': int, 'hidden_layers': (tuple, list),
@@ -221,42 +223,69 @@ class Teacher(NamedTuple):
 
 
 def teacher_pass(target, target_params, tokens_NxL: np.ndarray, hidden_layers, batch: int,
-                 what: str = '', head_NxD=None, soft_labels: int = 0) -> Teacher:
+                 what: str = '', head_NxD=None, soft_labels: int = 0, store: str = '',
+                 target_key: str = '') -> Teacher:
   """One teacher-forced pass of the frozen target over every sequence: its features,
   [N, L, F] float32 (the final-norm output with no `hidden_layers`, else the residual
   stream after each of them, side by side), and with `soft_labels` = J its J
-  likeliest next tokens at every position among `head_NxD`'s rows."""
+  likeliest next tokens at every position among `head_NxD`'s rows.
+
+  With `store` (a directory) the arrays are memory maps there (`teacher_store`): a
+  finished pass for the same inputs (`target_key` names the target's weights) is read
+  back, an unfinished one goes on from its last recorded batch."""
   if soft_labels and (head_NxD is None or soft_labels > head_NxD.shape[0]):
     raise ValueError(f'{soft_labels} soft labels need a draft vocabulary of at least as many '
                      f'tokens, got {None if head_NxD is None else head_NxD.shape[0]}')
   n = len(tokens_NxL)
-  # Filled in place, not concatenated from pieces: for a million tokens the features at
-  # three layers are 8 GB, and pieces plus their concatenation would need twice that.
-  features_NxLxF = rows_NxLxJ = probs_NxLxJ = None
+  step_fn = functools.partial(_teacher_step, target=target, hidden_layers=tuple(hidden_layers),
+                              soft_labels=soft_labels)
+  # Shapes first (no compile), so the arrays are allocated, or mapped, whole: filled in
+  # place, not concatenated from pieces (for a million tokens the features at three
+  # layers are 8 GB, and pieces plus their concatenation would need twice that).
+  f_shape, soft_shape = jax.eval_shape(
+      step_fn, target_params, jax.ShapeDtypeStruct((batch,) + tokens_NxL.shape[1:], jnp.int32),
+      head_NxD)
+  shapes = {'features_NxLxF': ((n,) + f_shape.shape[1:], np.float32)}
+  if soft_shape is not None:
+    shapes['rows_NxLxJ'] = ((n,) + soft_shape.rows_BxLxJ.shape[1:], soft_shape.rows_BxLxJ.dtype)
+    shapes['probs_NxLxJ'] = ((n,) + soft_shape.probs_BxLxJ.shape[1:],
+                             soft_shape.probs_BxLxJ.dtype)
+  if store:
+    key = {'target': target_key, 'hidden_layers': [int(i) for i in hidden_layers],
+           'soft_labels': int(soft_labels), 'batch': int(batch),
+           'tokens': teacher_store.digest(tokens_NxL),
+           'head': teacher_store.digest(head_NxD if soft_labels else None),
+           **teacher_store.environment()}
+    kept = teacher_store.Store(store, key, shapes)
+    arrays, first_row = kept.arrays, kept.done
+    if first_row:
+      logging.info('features%s: %d of %d sequences read back from %s', what, first_row, n,
+                   store)
+  else:
+    kept = None
+    arrays = {name: np.empty(shape, dtype) for name, (shape, dtype) in shapes.items()}
+    first_row = 0
   start = time.monotonic()
-  for step, first in enumerate(range(0, n, batch)):
+  for step, first in enumerate(range(first_row, n, batch)):
     chunk = tokens_NxL[first:first + batch]
     keep = len(chunk)
     if keep < batch:   # one compiled shape: pad the last batch
       chunk = np.concatenate([chunk, np.zeros((batch - keep,) + chunk.shape[1:], chunk.dtype)])
-    f, soft = _teacher_step(target_params, jnp.asarray(chunk), head_NxD, target=target,
-                            hidden_layers=tuple(hidden_layers), soft_labels=soft_labels)
-    if features_NxLxF is None:
-      features_NxLxF = np.empty((n,) + f.shape[1:], np.float32)
-      if soft is not None:
-        rows_NxLxJ = np.empty((n,) + soft.rows_BxLxJ.shape[1:], soft.rows_BxLxJ.dtype)
-        probs_NxLxJ = np.empty((n,) + soft.probs_BxLxJ.shape[1:], soft.probs_BxLxJ.dtype)
+    f, soft = step_fn(target_params, jnp.asarray(chunk), head_NxD)
     done = first + keep
-    features_NxLxF[first:done] = np.asarray(f)[:keep]
+    arrays['features_NxLxF'][first:done] = np.asarray(f)[:keep]
     if soft is not None:
-      rows_NxLxJ[first:done] = np.asarray(soft.rows_BxLxJ)[:keep]
-      probs_NxLxJ[first:done] = np.asarray(soft.probs_BxLxJ)[:keep]
+      arrays['rows_NxLxJ'][first:done] = np.asarray(soft.rows_BxLxJ)[:keep]
+      arrays['probs_NxLxJ'][first:done] = np.asarray(soft.probs_BxLxJ)[:keep]
     if (step + 1) % 20 == 0 or done == n:
+      if kept is not None:
+        kept.commit(done)
       spent = time.monotonic() - start
       logging.info('features%s: %d of %d sequences (%.0f s spent, ~%.0f s left)', what, done,
-                   n, spent, spent / done * (n - done))
-  soft = eagle_objective.SoftLabels(rows_NxLxJ, probs_NxLxJ) if soft_labels else None
-  return Teacher(features_NxLxF, soft)
+                   n, spent, spent / (done - first_row) * (n - done))
+  soft = (eagle_objective.SoftLabels(arrays['rows_NxLxJ'], arrays['probs_NxLxJ'])
+          if soft_labels else None)
+  return Teacher(arrays['features_NxLxF'], soft)
 
 
 def target_features(target, target_params, tokens_NxL: np.ndarray, hidden_layers, batch: int,
@@ -431,10 +460,14 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   params = objective.init(jax.random.key(cfg.seed), target_params)
   opt_state = tx.init(params)
   soft_labels = getattr(objective, 'soft_labels', 0)
+  # Kept on disk under output_dir/teacher, so that resuming a killed run reads them back.
+  target_key = f'{cfg.target}:{target_sha}'
   teacher = teacher_pass(target, target_params, tokens, objective.hidden_layers, cfg.batch_size,
-                         ' (training)', frozen.get('head_NxD'), soft_labels)
+                         ' (training)', frozen.get('head_NxD'), soft_labels,
+                         os.path.join(cfg.output_dir, 'teacher', 'training'), target_key)
   held_teacher = teacher_pass(target, target_params, held.tokens_NxL, objective.hidden_layers,
-                              cfg.batch_size, ' (held out)', frozen.get('head_NxD'), soft_labels)
+                              cfg.batch_size, ' (held out)', frozen.get('head_NxD'), soft_labels,
+                              os.path.join(cfg.output_dir, 'teacher', 'heldout'), target_key)
 
   manager = ocp.CheckpointManager(
       os.path.abspath(os.path.join(cfg.output_dir, 'checkpoints')),

@@ -7,6 +7,8 @@ its config and data recipe) and its curve, is named in the data README with
 that command, and is matched by the package-data globs, so a wheel carries it.
 """
 
+import dataclasses
+import importlib.util
 import json
 import pathlib
 import tomllib
@@ -23,6 +25,7 @@ from specjax.decoding import tree as tree_lib
 from specjax.drafters import make_drafter
 from specjax.models.config import tiny_config
 from specjax.models.language_model import LanguageModel
+from specjax.training import trainer
 
 from real_prompts import PROMPTS
 
@@ -49,6 +52,14 @@ def test_every_shipped_file_is_package_data():
   assert not missing, f'not in pyproject package-data: {missing}'
 
 
+def _config_module(kind: str):
+  spec = importlib.util.spec_from_file_location(f'train_{kind}', ROOT / 'configs' /
+                                                f'train_{kind}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def test_each_trained_drafter_names_its_target_command_and_curve():
   readme = (DATA / 'README.md').read_text()
   directories = sorted(p for p in DATA.iterdir() if p.is_dir())
@@ -58,8 +69,21 @@ def test_each_trained_drafter_names_its_target_command_and_curve():
     kind = directory.name.removeprefix('gemma3-270m-')
     assert manifest['kind'] == kind
     assert manifest['train_config']['target'] == 'embedded:gemma3-270m'
-    assert manifest['command'] == f'python -m specjax.train --config=configs/train_{kind}.py'
+    assert manifest['command'].startswith(
+        f'python -m specjax.train --config=configs/train_{kind}.py')
     assert manifest['command'] in readme and directory.name in readme
+    # The config file alone remakes it: every value the run recorded is the file's default
+    # (output_dir aside: where that run wrote). Keys added since are not in the manifest.
+    recorded = manifest['train_config']
+    remade = json.loads(json.dumps(dataclasses.asdict(
+        trainer.TrainConfig.from_config(_config_module(kind).get_config()))))
+    for key, value in recorded.items():
+      if key == 'output_dir':
+        continue
+      if isinstance(value, dict):
+        assert {k: remade[key].get(k) for k in value} == value, (kind, key)
+      else:
+        assert remade[key] == value, (kind, key, remade[key], value)
     assert (directory / 'curve.png').stat().st_size > 0
     assert (directory / 'metrics.jsonl').read_text().strip()
 

@@ -30,7 +30,7 @@ VARIANTS = {
                  data=dict(num_shards=3, sequences_per_shard=8, seq_len=24, start_tokens=4,
                            sampled_fraction=0.34, seed=0, bos_id=2, eos_ids=(1,),
                            prompts='', prompted_fraction=0.0, start_top_p=1.0),
-                 data_dir='', output_dir='results/train_eagle-tiny'),
+                 heldout_shards=1, data_dir='', output_dir='results/train_eagle-tiny'),
 }
 
 

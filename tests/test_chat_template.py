@@ -5,7 +5,6 @@ Hugging Face directory; the embedded Gemma 3 270M is a base model and gets raw
 text. The choice is recorded in the summary.
 """
 
-import importlib.util
 import json
 import pathlib
 
@@ -18,15 +17,14 @@ from specjax.checkpoints import chat_template
 from specjax.experiments import prompt_format
 from specjax.experiments.config import ExperimentConfig
 
+import config_files
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEMPLATE = "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}{% endfor %}"
 
 
 def get_config(arg=None):
-  spec = importlib.util.spec_from_file_location('gemma_config', ROOT / 'configs' / 'gemma.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return config_files.load('gemma').get_config(arg)
 
 
 def write_gguf(path, template=None):

@@ -1,6 +1,5 @@
 """configs/gemma.py and its conversion into ExperimentConfig: every bad value fails early."""
 
-import importlib.util
 import os
 import pathlib
 import subprocess
@@ -13,15 +12,14 @@ import pytest
 from specjax.experiments import config as config_lib
 from specjax.experiments import methods
 
+import config_files
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_PATH = ROOT / 'configs' / 'gemma.py'
 
 
 def gemma_config_module():
-  spec = importlib.util.spec_from_file_location('gemma_config', CONFIG_PATH)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return config_files.load('gemma')
 
 
 def get_config(arg=None):
@@ -202,10 +200,7 @@ def test_early_exit_layers_are_checked_against_the_target_before_it_loads(tmp_pa
 
 def test_paper_table_sweeps_are_valid_cells_of_their_base_config():
   from specjax.experiments import sweep_cells  # pylint: disable=g-import-not-at-top
-  path = ROOT / 'configs' / 'paper_tables.py'
-  spec = importlib.util.spec_from_file_location('paper_tables', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = config_files.load('paper_tables')
   for table, count in (('leviathan', 12), ('spec_bench', 3), ('chen', 6)):
     base = module.get_config(table)
     assert (base.chat_template, base.per_category, base.output_dir) == (

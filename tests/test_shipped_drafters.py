@@ -8,7 +8,6 @@ that command, and is matched by the package-data globs, so a wheel carries it.
 """
 
 import dataclasses
-import importlib.util
 import json
 import pathlib
 import tomllib
@@ -27,6 +26,7 @@ from specjax.models.config import tiny_config
 from specjax.models.language_model import LanguageModel
 from specjax.training import trainer
 
+import config_files
 from real_prompts import PROMPTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -52,14 +52,6 @@ def test_every_shipped_file_is_package_data():
   assert not missing, f'not in pyproject package-data: {missing}'
 
 
-def _config_module(kind: str):
-  spec = importlib.util.spec_from_file_location(f'train_{kind}', ROOT / 'configs' /
-                                                f'train_{kind}.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_each_trained_drafter_names_its_target_command_and_curve():
   readme = (DATA / 'README.md').read_text()
   directories = sorted(p for p in DATA.iterdir() if p.is_dir())
@@ -76,7 +68,7 @@ def test_each_trained_drafter_names_its_target_command_and_curve():
     # (output_dir aside: where that run wrote). Keys added since are not in the manifest.
     recorded = manifest['train_config']
     remade = json.loads(json.dumps(dataclasses.asdict(
-        trainer.TrainConfig.from_config(_config_module(kind).get_config()))))
+        trainer.TrainConfig.from_config(config_files.load(f'train_{kind}').get_config()))))
     for key, value in recorded.items():
       if key == 'output_dir':
         continue

@@ -9,7 +9,6 @@ checkpoint name; the recipe is configs/train_medusa.py's, shrunk.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -27,6 +26,7 @@ from specjax.training import distill_data
 from specjax.training import medusa_objective as objective
 from specjax.training import trainer
 
+import config_files
 import toy_models
 from specjax.models.config import tiny_config
 
@@ -486,11 +486,7 @@ def test_the_tiny_recipe_trains_a_drafter_that_a_run_serves_exactly(tmp_path, mo
   from specjax.checkpoints import CheckpointError as Refused  # pylint: disable=g-import-not-at-top
   import test_experiment  # pylint: disable=g-import-not-at-top
   monkeypatch.undo()   # the real tiny-random target, as the experiment loads it
-  spec = importlib.util.spec_from_file_location(f'train_{drafter}', ROOT / 'configs' /
-                                                f'train_{drafter}.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  train_config = module.get_config('tiny')
+  train_config = config_files.load(f'train_{drafter}').get_config('tiny')
   train_config.output_dir = str(tmp_path / 'train')
   final = trainer.train(trainer.TrainConfig.from_config(train_config))
   assert final['heldout_mean_accepted_tokens'] >= 1.0

@@ -97,7 +97,9 @@ def write_report(directory: str, out_dir: str | None = None,
       "autoregressive baseline's at the same temperature and batch size, on the prompts both ran. "
       'Mean accepted tokens counts the corrected or bonus token, so plain decoding scores 1.00. '
       'alpha is the per-draft acceptance probability under which i.i.d. acceptance gives the '
-      'measured accepted drafts per verify call.',
+      'measured accepted drafts per verify call (a call that verified drafts: neither the '
+      'prefill nor a plain decoding step); a token tree has none. gamma is the drafts per '
+      "call of a chain, or a tree's nodes/depth ('tree 25/5'); there, position i is depth i.",
   ]
   for title, key, body in sections:
     lines += ['', f'## {title}', '', *body]

@@ -211,6 +211,10 @@ def first_row(field_changes, drop=()):
     (first_row({'gamma': 0}), "'gamma' must be an integer >= 1"),
     (first_row({'accepted_tokens': 27}), '27 accepted drafts in 13 verify calls of gamma 2'),
     (first_row({'acceptance_by_position': [1, 2, 3]}), 'acceptance_by_position must be gamma'),
+    (first_row({'plain_calls': 14}), '14 plain calls, but only 13 calls after the prefill'),
+    (first_row({'plain_calls': 1}), '26 accepted drafts in 12 verify calls of gamma 2'),
+    (first_row({'tree': '-1,x'}), 'tree must be the parent indices of at least gamma'),
+    (first_row({'tree': '-1'}), 'tree must be the parent indices of at least gamma'),
 ])
 def test_a_bad_line_is_an_error_naming_file_and_line(tmp_path, line, message):
   directory = copy_fixture(tmp_path)
@@ -298,3 +302,61 @@ def test_a_sweeps_cell_records_are_read_as_rows(tmp_path):
                                                plots=False, command='cmd')).read_text()
   table = lambda text: section(text, 'Speedup against gamma')  # noqa: E731
   assert table(from_sweep) == table(from_rows)
+
+
+def tree_and_adaptive_rows():
+  """The fixture's baseline for p1, an adaptive chain that took 4 plain steps, and two
+  trees of the same depth: a token tree is its own setting, not a chain of its depth."""
+  baseline = json.loads((FIXTURE / 'results.jsonl').read_text().splitlines()[0])  # 40 in 0.9 s
+  common = dict(prompt_id='p1', category='code', temperature=0.0, prompt_tokens=10,
+                new_tokens=40, batch_size=1, output_ids=[], text='', identical_to_baseline=True)
+  chain = dict(common, method='eagle', fingerprint='chain', wall_s=0.6, gamma=3,
+               target_calls=21, plain_calls=4, drafted_tokens=40, accepted_tokens=20,
+               acceptance_by_position=[12, 6, 2])   # 16 verify calls of 3 or 2 drafts
+  tree = dict(common, method='eagle', fingerprint='tree', wall_s=1.2, gamma=3,
+              tree='-1,-1,0,0,2', target_calls=11, plain_calls=0, drafted_tokens=50,
+              accepted_tokens=30, acceptance_by_position=[10, 10, 10])
+  other_tree = dict(tree, fingerprint='tree2', tree='-1,0,1,1', wall_s=0.9, drafted_tokens=40)
+  return [baseline, chain, tree, other_tree]
+
+
+def test_a_tree_is_its_own_setting_and_plain_steps_are_not_verify_calls(tmp_path):
+  (tmp_path / 'results.jsonl').write_text(
+      ''.join(json.dumps(r) + '\n' for r in tree_and_adaptive_rows()))
+  path = report.write_report(str(tmp_path), str(tmp_path / 'out'), {'eagle': 0.1},
+                             plots=False, command='cmd')
+  text = pathlib.Path(path).read_text()
+  assert section(text, 'Speedup against gamma')[2:] == [
+      '| autoregressive | - | 0 | 1 | 1 | 44.4 | 1.00x | - | - | - |',
+      # 20 accepted drafts in 16 verify calls (21 calls less the prefill and 4 plain steps):
+      # alpha + alpha^2 + alpha^3 = 20/16. A tree has no i.i.d. chain alpha.
+      '| eagle | 3 | 0 | 1 | 1 | 66.7 | 1.50x | 0.500 | 1.90 | 0.622 |',
+      '| eagle | tree 5/3 | 0 | 1 | 1 | 33.3 | 0.75x | 0.600 | 3.64 | - |',
+      '| eagle | tree 4/3 | 0 | 1 | 1 | 44.4 | 1.00x | 0.750 | 3.64 | - |',
+  ]
+  assert section(text, 'Acceptance by draft position')[4:] == [
+      '| eagle | 3 | 0 | 1 | 0.750 | 0.375 | 0.125 |',   # [12, 6, 2] / 16 verify calls
+      '| eagle | tree 5/3 | 0 | 1 | 1.000 | 1.000 | 1.000 |',   # [10, 10, 10] / 10
+      '| eagle | tree 4/3 | 0 | 1 | 1.000 | 1.000 | 1.000 |',
+  ]
+  assert section(text, 'Mean accepted tokens per task')[2] == (
+      '| task | eagle@3 | eagle@tree 5/3 | eagle@tree 4/3 |')
+  # Leviathan's prediction is for chains: only the chain is predicted,
+  # (1 - alpha^4) / ((1 - alpha)(1 + 3 x 0.1)).
+  assert section(text, 'Predicted against measured speedup')[4:] == [
+      '| eagle | 3 | 0 | 1 | 0.622 | 0.1 | 1.73x | 1.50x | 0.87 |']
+  from specjax.reports import paper  # pylint: disable=g-import-not-at-top
+  drafters = [line.split(' | ')[0] for line in
+              paper.spec_bench_table(rows_lib.read_rows(str(tmp_path)))[2:]]
+  assert drafters == ['| eagle (gamma 3)', '| eagle (tree 5/3)', '| eagle (tree 4/3)']
+  assert '| greedy | eagle | tree 4/3 | 22.5 | 1.00x |' in text   # Chen's table too
+
+
+def test_the_run_summary_counts_verify_calls_without_plain_steps():
+  from specjax.experiments import summary  # pylint: disable=g-import-not-at-top
+  rows = tree_and_adaptive_rows()[:2]
+  figures = summary.summarize(rows, ['autoregressive', 'eagle'])['methods']['eagle']
+  assert figures['acceptance_by_position'] == [0.75, 0.375, 0.125]
+  del rows[1]['plain_calls']   # an older row: taken as gamma drafts per verify call
+  figures = summary.summarize(rows, ['autoregressive', 'eagle'])['methods']['eagle']
+  assert figures['acceptance_by_position'] == [12 / 13, 6 / 13, 2 / 13]

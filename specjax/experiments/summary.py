@@ -40,9 +40,13 @@ def _figures(by_method, methods) -> dict[str, dict[str, Any]]:
     if method != BASELINE and rows:
       drafted = sum(r['drafted_tokens'] for r in rows)
       calls = sum(r['target_calls'] for r in rows)
-      verify_calls = drafted // rows[0]['gamma']
-      if rows[0].get('tree'):   # a tree call verifies many nodes per depth: count the calls
+      # Calls that verified drafts: neither the prefill nor a plain step. A tree call
+      # verifies many nodes per depth and an adaptive call fewer than gamma, so count
+      # the calls; rows from before plain_calls was recorded drafted gamma per call.
+      if all(r.get('plain_calls') is not None for r in rows):
         verify_calls = sum(r['target_calls'] - r['plain_calls'] - 1 for r in rows)
+      else:
+        verify_calls = drafted // rows[0]['gamma']
       at_position = [sum(col) for col in zip(*(r['acceptance_by_position'] for r in rows))]
       fig.update(
           gamma=rows[0]['gamma'],

@@ -1,6 +1,6 @@
 """The figures of a report, computed from rows: speedups, acceptance, predictions.
 
-A setting is (method, gamma, temperature, batch size). Its speedup is its
+A setting is (method, gamma, temperature, batch size, tree). Its speedup is its
 tokens/s (total new tokens over total wall time) over the baseline's at the
 same temperature and batch size, both over the prompts the two ran. Mean
 accepted tokens is new tokens per target call, the prefill call included, so
@@ -15,9 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from specjax.analysis import leviathan
 from specjax.experiments.config import BASELINE
-from specjax.reports.rows import Row
-
-Setting = tuple[str, int, float, int]  # method, gamma (0 for the baseline), temperature, batch size
+from specjax.reports.rows import Row, Setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +28,7 @@ class Figures:
   speedup: float | None
   acceptance_rate: float | None = None          # accepted / drafted drafts
   mean_accepted_tokens: float | None = None     # new tokens per target call
-  alpha: float | None = None                    # Leviathan's, from accepted drafts per call
+  alpha: float | None = None                    # Leviathan's (chains), from drafts per call
   by_position: tuple[float, ...] | None = None  # acceptances of position i per verify call
 
   @property
@@ -43,8 +41,9 @@ class Figures:
 
 
 def sort_key(setting: Setting):
-  """The baseline first, then methods by name, gamma, temperature and batch size."""
-  return setting[0] != BASELINE, *setting
+  """The baseline first, then methods by name, chains before trees, gamma, temperature and
+  batch size."""
+  return setting.method != BASELINE, setting.method, setting.tree, *setting[1:4]
 
 
 def group(rows: Sequence[Row]) -> dict[Setting, list[Row]]:
@@ -71,24 +70,24 @@ def figures(rows: Sequence[Row]) -> list[Figures]:
   groups = group(rows)
   out = []
   for setting, members in groups.items():
-    method, _, temperature, batch_size = setting
-    baseline = groups.get((BASELINE, 0, temperature, batch_size), [])
+    baseline = groups.get(Setting(BASELINE, 0, setting.temperature, setting.batch_size), [])
     fig = Figures(setting, len(members), tokens_per_s(members), speedup(members, baseline))
-    if method != BASELINE:
-      fig = dataclasses.replace(fig, **_speculative(members, setting[1]))
+    if setting.method != BASELINE:
+      fig = dataclasses.replace(fig, **_speculative(members, setting))
     out.append(fig)
   return out
 
 
-def _speculative(rows: Sequence[Row], gamma: int) -> dict:
+def _speculative(rows: Sequence[Row], setting: Setting) -> dict:
+  """Acceptance figures. alpha models a chain of i.i.d. acceptances, so a tree has none."""
   drafted = sum(r.drafted_tokens for r in rows)
   accepted = sum(r.accepted_tokens for r in rows)
   calls = sum(r.target_calls for r in rows)
   verify_calls = sum(r.verify_calls for r in rows)
   out = dict(acceptance_rate=accepted / drafted if drafted else None,
              mean_accepted_tokens=sum(r.new_tokens for r in rows) / calls,
-             alpha=leviathan.alpha_from_counts(accepted, verify_calls, gamma)
-             if verify_calls else None)
+             alpha=leviathan.alpha_from_counts(accepted, verify_calls, setting.gamma)
+             if verify_calls and not setting.tree else None)
   if verify_calls and all(r.acceptance_by_position is not None for r in rows):
     out['by_position'] = tuple(sum(column) / verify_calls
                                for column in zip(*(r.acceptance_by_position for r in rows)))
@@ -124,12 +123,10 @@ def predictions(figs: Sequence[Figures], cost_ratios: Mapping[str, float]) -> li
           for f in figs if f.method in cost_ratios and f.alpha is not None]
 
 
-def speedup_by_batch_size(figs: Sequence[Figures]
-                          ) -> dict[tuple[str, int, float], dict[int, float]]:
-  """(method, gamma, temperature) -> batch size -> speedup, for the speculative settings."""
+def speedup_by_batch_size(figs: Sequence[Figures]) -> dict[Setting, dict[int, float]]:
+  """A speculative setting (its batch size 0) -> batch size -> speedup."""
   out = collections.defaultdict(dict)
   for f in figs:
     if f.method != BASELINE and f.speedup is not None:
-      method, gamma, temperature, batch_size = f.setting
-      out[method, gamma, temperature][batch_size] = f.speedup
+      out[f.setting._replace(batch_size=0)][f.setting.batch_size] = f.speedup
   return dict(out)

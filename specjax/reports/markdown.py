@@ -19,19 +19,23 @@ def fmt(value, spec: str) -> str:
 
 
 def label(setting: Setting, varies: tuple[bool, bool], with_gamma: bool = True) -> str:
-  """'ngram@4', with the temperature and batch size added where the report has several."""
-  method, gamma, temperature, batch_size = setting
-  text = f'{method}@{gamma}' if with_gamma and method != BASELINE else method
+  """'ngram@4' ('eagle@tree 25/5' for a tree of 25 nodes 5 deep; 'eagle tree 25/5' without
+  gamma), with the temperature and batch size added where the report has several."""
+  text = setting.method
+  if setting.method != BASELINE and with_gamma:
+    text += f'@{setting.shape}'
+  elif setting.tree:
+    text += f' {setting.shape}'
   if varies[0]:
-    text += f' t={temperature:g}'
+    text += f' t={setting.temperature:g}'
   if varies[1]:
-    text += f' b={batch_size}'
+    text += f' b={setting.batch_size}'
   return text
 
 
 def _setting_cells(setting: Setting) -> list[str]:
-  method, gamma, temperature, batch_size = setting
-  return [method, str(gamma) if method != BASELINE else '-', f'{temperature:g}', str(batch_size)]
+  return [setting.method, setting.shape if setting.method != BASELINE else '-',
+          f'{setting.temperature:g}', str(setting.batch_size)]
 
 
 _SETTING = ('method', 'gamma', 'temperature', 'batch size')
@@ -73,9 +77,9 @@ def prediction_table(preds: Sequence[Prediction]) -> list[str]:
        for p in preds])
 
 
-def batch_table(by_batch: dict[tuple[str, int, float], dict[int, float]]) -> list[str]:
+def batch_table(by_batch: dict[Setting, dict[int, float]]) -> list[str]:
   sizes = sorted({b for per_size in by_batch.values() for b in per_size})
   return table(('method', 'gamma', 'temperature', *(f'batch {b}' for b in sizes)),
-               [(method, str(gamma), f'{temperature:g}',
+               [(s.method, s.shape, f'{s.temperature:g}',
                  *(fmt(per_size.get(b), '.2f') + ('x' if b in per_size else '') for b in sizes))
-                for (method, gamma, temperature), per_size in by_batch.items()])
+                for s, per_size in by_batch.items()])

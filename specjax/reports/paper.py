@@ -47,14 +47,16 @@ def _baselines(rows: Sequence[Row]) -> dict[tuple[float, int], list[Row]]:
 
 
 def _speculative_groups(rows: Sequence[Row]):
-  return {s: rs for s, rs in figures_lib.group(rows).items() if s[0] != BASELINE}
+  return {s: rs for s, rs in figures_lib.group(rows).items() if s.method != BASELINE}
 
 
-def _alpha(rows: Sequence[Row], gamma: int) -> float | None:
+def _alpha(rows: Sequence[Row], setting) -> float | None:
+  """Leviathan's alpha: the i.i.d. acceptance of a chain's drafts (a tree has none)."""
   verify_calls = sum(r.verify_calls for r in rows)
-  if not verify_calls:
+  if not verify_calls or setting.tree:
     return None
-  return leviathan.alpha_from_counts(sum(r.accepted_tokens for r in rows), verify_calls, gamma)
+  return leviathan.alpha_from_counts(sum(r.accepted_tokens for r in rows), verify_calls,
+                                     setting.gamma)
 
 
 def _sampling_label(rows: Sequence[Row], temperature: float) -> str:
@@ -74,20 +76,21 @@ def leviathan_table(rows: Sequence[Row], cost_ratios: Mapping[str, float]) -> li
   """Leviathan et al.'s Table 2: task, drafter, T, gamma, alpha, speedup (and the prediction)."""
   baselines = _baselines(rows)
   lines = []
-  for (method, gamma, temperature, batch_size), members in _speculative_groups(rows).items():
+  for setting, members in _speculative_groups(rows).items():
+    method, gamma, temperature, batch_size, _ = setting
     baseline = baselines.get((temperature, batch_size), [])
     by_task = collections.defaultdict(list)
     for r in members:
       by_task[r.category].append(r)
     for task in sorted(by_task) + ['all']:
       task_rows = members if task == 'all' else by_task[task]
-      alpha = _alpha(task_rows, gamma)
+      alpha = _alpha(task_rows, setting)
       measured = figures_lib.speedup(task_rows, baseline)
       cost = cost_ratios.get(method)
       predicted = (leviathan.walltime_improvement(alpha, gamma, cost)
                    if alpha is not None and cost is not None else None)
       lines.append([task, method + ('' if batch_size == 1 else f' (batch {batch_size})'),
-                    f'{temperature:g}', str(gamma), md.fmt(alpha, '.2f'),
+                    f'{temperature:g}', setting.shape, md.fmt(alpha, '.2f'),
                     md.fmt(measured, '.2f') + ('x' if measured is not None else ''),
                     md.fmt(cost, 'g'),
                     md.fmt(predicted, '.2f') + ('x' if predicted is not None else '')])
@@ -104,9 +107,11 @@ def spec_bench_table(rows: Sequence[Row]) -> list[str]:
   baselines = _baselines(rows)
   header = ['drafter', 'T', *SPEC_BENCH_GROUPS, 'mean accepted tokens', 'overall speedup']
   lines = []
-  for (method, gamma, temperature, batch_size), members in _speculative_groups(rows).items():
+  for setting, members in _speculative_groups(rows).items():
+    method, gamma, temperature, batch_size, tree = setting
     baseline = baselines.get((temperature, batch_size), [])
-    cells = [f'{method} (gamma {gamma}' + ('' if batch_size == 1 else f', batch {batch_size}')
+    shape = setting.shape if tree else f'gamma {gamma}'
+    cells = [f'{method} ({shape}' + ('' if batch_size == 1 else f', batch {batch_size}')
              + ')', f'{temperature:g}']
     for categories in SPEC_BENCH_GROUPS.values():
       group_rows = [r for r in members if r.category in categories]
@@ -136,12 +141,13 @@ def chen_table(rows: Sequence[Row]) -> list[str]:
       label += f', batch {batch_size}'
     lines.append([label, BASELINE, '', md.fmt(1e3 / base_rate if base_rate else None, '.1f'),
                   '1.00x'])
-    for (method, gamma, t, b), members in _speculative_groups(rows).items():
-      if (t, b) != (temperature, batch_size):
+    for setting, members in _speculative_groups(rows).items():
+      if (setting.temperature, setting.batch_size) != (temperature, batch_size):
         continue
       shared = {r.prompt_id for r in members}
       rate = figures_lib.tokens_per_s(members)
       ratio = figures_lib.speedup(members, [r for r in baseline if r.prompt_id in shared])
-      lines.append([label, method, str(gamma), md.fmt(1e3 / rate if rate else None, '.1f'),
+      lines.append([label, setting.method, setting.shape,
+                    md.fmt(1e3 / rate if rate else None, '.1f'),
                     md.fmt(ratio, '.2f') + ('x' if ratio is not None else '')])
   return md.table(['sampling', 'method', 'gamma', 'ms/token', 'speedup'], lines)

@@ -113,10 +113,10 @@ def predicted_vs_measured(preds: Sequence[Prediction], varies, path: str) -> str
 def speedup_vs_batch_size(by_batch, path: str) -> str:
   fig = _figure()
   ax = fig.add_subplot()
-  for (method, gamma, temperature), per_size in by_batch.items():
+  for setting, per_size in by_batch.items():
     sizes = sorted(per_size)
     ax.plot(sizes, [per_size[b] for b in sizes], marker='o',
-            label=f'{method}@{gamma} t={temperature:g}')
+            label=markdown.label(setting, (True, False)))
   ax.axhline(1.0, color='gray', linestyle=':', linewidth=1)
   _integer_x(ax)
   ax.set(xlabel='batch size', ylabel='speedup over autoregressive at that batch size',

@@ -12,13 +12,31 @@ import dataclasses
 import glob
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from specjax.experiments.config import BASELINE
 
 
 class ReportError(ValueError):
   """Input a report cannot be made from; the message names the file and line."""
+
+
+class Setting(NamedTuple):
+  """A method as run: the drafts per call (0 for the baseline; a tree's depth), the
+  sampling temperature, the batch size, and the token tree ('' for chains)."""
+
+  method: str
+  gamma: int
+  temperature: float
+  batch_size: int
+  tree: str = ''
+
+  @property
+  def shape(self) -> str:
+    """'4' for a chain of 4 drafts, 'tree 25/5' for a tree of 25 nodes 5 deep."""
+    if not self.tree:
+      return str(self.gamma)
+    return f'tree {self.tree.count(",") + 1}/{self.gamma}'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +52,10 @@ class Row:
   new_tokens: int
   wall_s: float
   fingerprint: str | None
-  gamma: int | None = None
+  gamma: int | None = None               # drafts per call; a tree's depth
   target_calls: int | None = None       # the prefill included
+  plain_calls: int = 0                  # calls that verified no draft (0 in rows before December 2026)
+  tree: str = ''                        # a token tree's parent indices; '' for chains
   accepted_tokens: int | None = None
   drafted_tokens: int | None = None
   acceptance_by_position: tuple[int, ...] | None = None
@@ -43,14 +63,15 @@ class Row:
   top_p: float | None = None
 
   @property
-  def setting(self) -> tuple[str, int, float, int]:
-    """What a row's figures are grouped by: method, gamma (0 for the baseline),
-    temperature, batch size."""
-    return self.method, self.gamma or 0, self.temperature, self.batch_size
+  def setting(self) -> Setting:
+    """What a row's figures are grouped by."""
+    return Setting(self.method, self.gamma or 0, self.temperature, self.batch_size, self.tree)
 
   @property
   def verify_calls(self) -> int:
-    return self.target_calls - 1
+    """Target calls that verified drafts: neither the prefill nor a plain decoding step."""
+    return self.target_calls - 1 - self.plain_calls
+
 
 
 _TEXT = ('prompt_id', 'category', 'method')
@@ -80,7 +101,7 @@ def read_rows(directory: str) -> list[Row]:
           continue
         raise ReportError(
             f'{first.where} and {row.where} are both prompt {row.prompt_id!r}, method '
-            f'{row.method!r}, gamma {row.gamma}, temperature {row.temperature}, batch size '
+            f'{row.method!r}, gamma {row.setting.shape}, temperature {row.temperature}, batch size '
             f'{row.batch_size}, but differ (fingerprints {first.fingerprint} and '
             f'{row.fingerprint}); keep one of them in {directory}')
       seen[key] = row, raw
@@ -155,9 +176,23 @@ def _row(raw: dict[str, Any], where: str) -> Row:
   fields.update(gamma=need('gamma', int, 1), target_calls=need('target_calls', int, 1),
                 accepted_tokens=need('accepted_tokens', int, 0),
                 drafted_tokens=need('drafted_tokens', int, 0))
-  if fields['accepted_tokens'] > fields['gamma'] * (fields['target_calls'] - 1):
+  if raw.get('plain_calls') is not None:
+    fields['plain_calls'] = need('plain_calls', int, 0)
+    if fields['plain_calls'] > fields['target_calls'] - 1:
+      raise ReportError(f'{where}: {fields["plain_calls"]} plain calls, but only '
+                        f'{fields["target_calls"] - 1} calls after the prefill')
+  if raw.get('tree'):
+    tree = need('tree', str)
+    parents = [p.strip() for p in tree.split(',')]
+    if (not all(p.lstrip('-').isdigit() for p in parents)
+        or len(parents) < fields['gamma']):
+      raise ReportError(f'{where}: tree must be the parent indices of at least gamma '
+                        f'({fields["gamma"]}) nodes, got {tree!r}')
+    fields['tree'] = ','.join(parents)
+  verify_calls = fields['target_calls'] - 1 - fields.get('plain_calls', 0)
+  if fields['accepted_tokens'] > fields['gamma'] * verify_calls:
     raise ReportError(f'{where}: {fields["accepted_tokens"]} accepted drafts in '
-                      f'{fields["target_calls"] - 1} verify calls of gamma {fields["gamma"]}')
+                      f'{verify_calls} verify calls of gamma {fields["gamma"]}')
   by_position = raw.get('acceptance_by_position')
   if by_position is not None:
     if (not isinstance(by_position, list) or len(by_position) != fields['gamma']

@@ -10,12 +10,16 @@ times, interleaved, the same prompts decoded by `autoregressive.generate` and
 by `speculative.generate` with `ngram` under an adaptive policy whose costs
 forbid drafting (buckets 0, 2, 4, 6; a call of drafts priced at 50+ decode
 steps), for each batch size, and prints the ratio of their median and fastest
-times with the CPU model and flags. Outputs are checked identical.
+times with the CPU model and flags. Outputs are checked identical. With
+`--drafters=ngram,eagle,hybrid` it times the never-drafting loop of each: a
+loop carrying the shipped EAGLE drafter also asks the target for its features
+and runs the drafter's update after every call, drafting or not.
 
 Gemma 3 270M (the embedded GGUF, float32, served as the product serves it),
 greedy, raw-text Spec-Bench prompts (first turn, one per task in turn).
 
   .venv/bin/python benchmarks/plain_step_overhead.py --batch_sizes=1,4,8 --repeats=7
+  .venv/bin/python benchmarks/plain_step_overhead.py --batch_sizes=1 --drafters=ngram,eagle,hybrid
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from specjax import checkpoints
 from specjax import compile_cache
 from specjax.checkpoints import embedded
 from specjax.decoding import autoregressive, draft_length, speculative
+from specjax.checkpoints import drafter_io
 from specjax.drafters import make_drafter
 from specjax.experiments import prompts as prompts_lib
 from specjax.models import q8_weights
@@ -49,6 +54,9 @@ PROMPTS = flags.DEFINE_string('prompts', _SPEC_BENCH, 'Spec-Bench question.jsonl
 BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '4', '8'], 'Batch sizes.')
 MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Tokens generated per row.')
 REPEATS = flags.DEFINE_integer('repeats', 7, 'Interleaved timed runs of each (after a first).')
+DRAFTERS = flags.DEFINE_list('drafters', ['ngram'],
+                             'Drafters whose never-drafting loop is timed: ngram, eagle, hybrid '
+                             '(over the shipped EAGLE drafter).')
 
 # Drafting priced out: every call with drafts costs 50+ decode steps, so the policy
 # never pays for one and every step is plain.
@@ -71,32 +79,41 @@ def main(argv):
   # One prompt per task in turn, so a batch mixes tasks and lengths.
   order = [p for rank in range(max(map(len, by_task.values())))
            for task in by_task.values() if rank < len(task) for p in task[rank:rank + 1]]
-  ngram = make_drafter('ngram', target=model)
+  trained = None
+  if {'eagle', 'hybrid'} & set(DRAFTERS.value):
+    signature = drafter_io.target_signature(
+        config, checkpoints.content_digest('embedded:gemma3-270m'))
+    trained = drafter_io.load_drafter('embedded', 'eagle', target=signature)
+  loops = {name: make_drafter(name, target=model, trained=trained, target_params=params)
+           for name in DRAFTERS.value}
   print(f'jax {jax.__version__}, Gemma 3 270M float32, greedy, {MAX_NEW.value} new tokens, '
         f'{REPEATS.value} interleaved runs each\n')
-  print('| batch | autoregressive s (median / fastest) | never-drafting loop s (median / fastest) '
-        '| loop / autoregressive, median | fastest |')
-  print('|---|---|---|---|---|')
+  print('| batch | drafter | autoregressive s (median / fastest) | never-drafting loop s '
+        '(median / fastest) | loop / autoregressive, median | fastest |')
+  print('|---|---|---|---|---|---|')
   for batch in (int(b) for b in BATCH_SIZES.value):
     ids = [tokenizer.encode(p.text, add_bos=True) for p in order[:batch]]
-    runs = {
-        'ar': lambda ids=ids: autoregressive.generate(model, params, ids,
-                                                      max_new_tokens=MAX_NEW.value),
-        'loop': lambda ids=ids: speculative.generate(model, params, ngram, ids, gamma=6,
-                                                     max_new_tokens=MAX_NEW.value,
-                                                     policy=NEVER_DRAFTS),
-    }
+    runs = {'ar': lambda ids=ids: autoregressive.generate(model, params, ids,
+                                                          max_new_tokens=MAX_NEW.value)}
+    for name, drafter in loops.items():
+      runs[name] = lambda ids=ids, drafter=drafter: speculative.generate(
+          model, params, drafter, ids, gamma=6, max_new_tokens=MAX_NEW.value,
+          policy=NEVER_DRAFTS)
     first = {name: run() for name, run in runs.items()}   # compiles
-    if first['ar'].new_tokens != first['loop'].new_tokens:
-      sys.exit(f'batch {batch}: the never-drafting loop differs from autoregressive decoding')
+    for name in loops:
+      if first['ar'].new_tokens != first[name].new_tokens:
+        sys.exit(f'batch {batch}: the never-drafting {name} loop differs from autoregressive '
+                 'decoding')
     seconds = collections.defaultdict(list)
     for _ in range(REPEATS.value):
       for name, run in runs.items():
         seconds[name].append(run().wall_s)
-    ar, loop = np.asarray(seconds['ar']), np.asarray(seconds['loop'])
-    print(f'| {batch} | {np.median(ar):.3f} / {ar.min():.3f} | {np.median(loop):.3f} / '
-          f'{loop.min():.3f} | {np.median(loop) / np.median(ar):.3f} | '
-          f'{loop.min() / ar.min():.3f} |', flush=True)
+    ar = np.asarray(seconds['ar'])
+    for name in loops:
+      loop = np.asarray(seconds[name])
+      print(f'| {batch} | {name} | {np.median(ar):.3f} / {ar.min():.3f} | {np.median(loop):.3f} / '
+            f'{loop.min():.3f} | {np.median(loop) / np.median(ar):.3f} | '
+            f'{loop.min() / ar.min():.3f} |', flush=True)
 
 
 if __name__ == '__main__':

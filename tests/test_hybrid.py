@@ -72,8 +72,11 @@ def test_greedy_hybrid_equals_greedy_autoregressive_and_drafts_from_the_right_dr
   assert out.new_tokens == greedy_reference()
   needs_network, matched_rows = 0, 0
   for draft_BxG, tokens_BxS, lengths_B in steps:
+    # A step drafts the width the loop chose for it (gamma, or fewer when adaptive).
+    width = draft_BxG.shape[1]
+    assert 1 <= width <= gamma
     lookup_BxG, matched_B = ngram_lib.propose_ngram(jnp.asarray(tokens_BxS),
-                                                    jnp.asarray(lengths_B), gamma, 3, 1)
+                                                    jnp.asarray(lengths_B), width, 3, 1)
     matched_B = np.asarray(matched_B) > 0
     np.testing.assert_array_equal(draft_BxG[matched_B], np.asarray(lookup_BxG)[matched_B])
     needs_network += int(not matched_B.all())
@@ -81,6 +84,20 @@ def test_greedy_hybrid_equals_greedy_autoregressive_and_drafts_from_the_right_dr
   assert len(network_calls) == needs_network > 0
   assert matched_rows > 0
   assert sum(out.accepted_tokens) > 0
+
+
+def test_a_plain_step_drafts_nothing():
+  """The hybrid has its network's costly drafts: the loop picks the width first, so a
+  step the policy makes plain runs neither lookup nor the network (drafting first ran
+  the network in every step, and a never-drafting loop cost 1.4 decode steps a step)."""
+  drafter, steps, network_calls = _recorded(EAGLE)
+  assert drafter.costly_drafts
+  never = draft_length.Policy(buckets=(0, 3), costs=(1.0, 50.0))
+  out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=3,
+                             max_new_tokens=MAX_NEW, eos_ids=(eos_id(),), policy=never)
+  assert out.new_tokens == greedy_reference()
+  assert steps == [] and network_calls == []
+  assert sum(out.drafted_tokens) == 0
 
 
 def test_an_unmatched_row_drafts_what_the_network_drafts():

@@ -29,10 +29,14 @@ ran 1.52x against 'lookup''s 1.64x (26 prompts, one run, 4 December 2026): it
 moved rows to drafts that were accepted less often (2.08 against 2.20 tokens
 per call) and cost a network pass.
 
-Evidence is gamma for a row drafted by lookup and the network drafter's own
-(its confident prefix) otherwise, and the loop chooses the width from it, as
-for n-gram lookup alone: the drafting is done before the choice, so its cost
-is not the choice's to weigh. Under sampling a lookup row's q is one-hot at
+The hybrid has the network's costly drafts: the loop chooses the call's width
+from each row's acceptance history first and then drafts only that many
+tokens, so a plain step runs neither lookup nor the network (drafting first,
+as n-gram lookup alone does, ran the network in every step: a never-drafting
+loop cost 1.40 decode steps a step against EAGLE's own 1.13,
+benchmarks/plain_step_overhead.py, 6 December 2026). Each row then verifies
+at most its evidence: gamma for a row drafted by lookup, the network
+drafter's own (its confident prefix) otherwise. Under sampling a lookup row's q is one-hot at
 its drafts, the network drafter's q elsewhere, so the acceptance rule stays
 exact (the choice of source depends only on past calls).
 
@@ -208,4 +212,4 @@ def make(settings: Settings, fallback: base.Drafter) -> base.Drafter:
   return dataclasses.replace(
       fallback, name='hybrid', init=init, update=update, propose=propose,
       propose_tree=propose_tree if fallback.propose_tree is not None else None,
-      costly_drafts=False)
+      costly_drafts=fallback.costly_drafts)

@@ -111,8 +111,9 @@ def get_config(arg=None):
   c.medusa = dict(checkpoint='', min_confidence=0.0)
   # EAGLE-3-style feature drafter: 'embedded' = the one shipped for the embedded 270M, else a
   # directory `python -m specjax.train --config=configs/train_eagle.py` wrote. window: how far
-  # back it attends, -1 = the length it was trained on, 0 = no limit.
-  c.eagle = dict(checkpoint='embedded', min_confidence=0.0, window=-1)
+  # back it attends, -1 = the length it was trained on, 0 = no limit. weights: 'int8' (its
+  # matrices rounded to int8 blocks, read at a quarter of the bytes) or 'float32' as trained.
+  c.eagle = dict(checkpoint='embedded', min_confidence=0.0, window=-1, weights='int8')
   # N-gram lookup where the context has a match, `drafter` (eagle, medusa, draft_model,
   # layer_skip or early_exit, with its own entry above) where it has none. choose: for a
   # row with a match, 'lookup' copies at every match, 'history' copies while lookup's

@@ -117,8 +117,10 @@ def _recording(drafter: base.Drafter):
 def test_every_draft_comes_from_the_target_features_of_the_committed_context(adaptive):
   """After prefill, verify calls with any accepted count and plain steps, each greedy
   draft is the argmax of the training-time test run on a full forward of the committed
-  context plus the drafts before it: init and update index the right positions."""
-  drafter, seen = _recording(eagle.make(TARGET, NET, LAYERS, target_params=TARGET_PARAMS))
+  context plus the drafts before it: init and update index the right positions. The
+  replay runs the trained float32 layer, so the drafter serves it unrounded."""
+  drafter, seen = _recording(eagle.make(TARGET, NET, LAYERS, eagle.Settings(weights='float32'),
+                                        target_params=TARGET_PARAMS))
   gamma = 3
   out = spec_generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
                       max_new_tokens=MAX_NEW, eos_ids=(eos_id(),), adaptive=adaptive)
@@ -155,6 +157,65 @@ def test_greedy_eagle_equals_greedy_autoregressive(gamma, vocab_ids, window):
                                max_new_tokens=MAX_NEW, eos_ids=(eos_id(),),
                                policy=draft_length.fixed(gamma))
   assert alone.new_tokens == [greedy_reference()[2]]
+
+
+# ---------------------------------------------------- the int8 form of the layer
+
+def test_the_int8_form_rounds_each_block_to_127_steps_of_its_largest_weight():
+  rounded = eagle_net.with_int8_form(NET)
+  forms = rounded[eagle_net.INT8]
+  assert set(forms) == set(eagle_net.MATRICES)
+  for name in eagle_net.MATRICES:
+    w_OxI, q_OxI, scale_OxB = (np.asarray(NET[name]), np.asarray(forms[name][0]),
+                               np.asarray(forms[name][1]))
+    block = w_OxI.shape[1] // scale_OxB.shape[1]
+    assert block == (32 if w_OxI.shape[1] % 32 == 0 else 16), name   # down_DxF is 48 wide
+    assert q_OxI.dtype == np.int8
+    scale_OxI = np.repeat(scale_OxB, block, axis=1)
+    # The served matrix is exactly its int8 form, within half a step of the trained one.
+    np.testing.assert_array_equal(np.asarray(rounded[name]), q_OxI * scale_OxI)
+    assert np.all(np.abs(w_OxI - q_OxI * scale_OxI) <= scale_OxI / 2 * (1 + 1e-6)), name
+    assert np.all(np.abs(q_OxI.reshape(-1, block)).max(axis=1) == 127), name
+  for name in set(NET) - set(eagle_net.MATRICES):   # norms stay as trained
+    np.testing.assert_array_equal(np.asarray(rounded[name]), np.asarray(NET[name]))
+
+
+def test_the_int8_layer_computes_the_float32_layer_over_its_rounded_matrices():
+  """The CPU kernel reads the int8 form; without it (another backend) the same rounded
+  matrices are read in float32: one drafter everywhere."""
+  rounded = eagle_net.with_int8_form(NET)
+  as_float32 = {k: v for k, v in rounded.items() if k != eagle_net.INT8}
+  geo = eagle_net.Geometry.of(NET)
+  sequence = jnp.asarray([[3, 5, 7, 9, 11, 13]])
+  features = target_layers(sequence[:, :5])
+  tokens = sequence[:, 1:6]
+  positions = jnp.arange(5)[None]
+  for t in (1, 5):   # a decode-shaped call and a verify-shaped one
+    hidden = eagle_net.fuse(rounded, features[:, :, :t])
+    np.testing.assert_allclose(hidden, eagle_net.fuse(as_float32, features[:, :, :t]),
+                               rtol=1e-5, atol=1e-5)
+    embedded = eagle_net.embed(TARGET_PARAMS['embedding_VxD'], tokens[:, :t])
+    out = [eagle_net.step(p, geo, hidden, embedded, positions[:, :t],
+                          eagle_net.init_cache(geo, 1, 8))[0] for p in (rounded, as_float32)]
+    np.testing.assert_allclose(out[0], out[1], rtol=1e-4, atol=1e-4)
+  # ... and on CPU it is the int8 form that is read: doubled scales change the output.
+  from specjax.cpu_kernels import q8_matmul  # pylint: disable=g-import-not-at-top
+  if q8_matmul.applies(1, hidden):
+    doubled = dict(rounded, **{eagle_net.INT8: {
+        name: (q, 2 * scale) for name, (q, scale) in rounded[eagle_net.INT8].items()}})
+    assert not np.allclose(eagle_net.fuse(doubled, features), eagle_net.fuse(rounded, features))
+
+
+@pytest.mark.parametrize('gamma', [1, 4])
+def test_greedy_eagle_with_int8_weights_equals_greedy_autoregressive(gamma):
+  drafter = eagle.make(TARGET, NET, LAYERS, eagle.Settings(weights='int8'), vocab_ids_N=SUBSET,
+                       target_params=TARGET_PARAMS)
+  assert eagle_net.INT8 in drafter.params['net']
+  out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=gamma,
+                             max_new_tokens=MAX_NEW, eos_ids=(eos_id(),),
+                             policy=draft_length.fixed(gamma))
+  assert out.new_tokens == greedy_reference()
+  assert sum(out.accepted_tokens) > 0
 
 
 # -------------------------------------------------- exact sampling (chi-square)
@@ -330,6 +391,8 @@ def test_weights_for_another_target_or_bad_layers_are_errors():
   with pytest.raises(ValueError, match=r'window must be -1 \(the trained length\), 0 \(none\) or '
                                        r'>= 16, got 8'):
     eagle.Settings(window=8)
+  with pytest.raises(ValueError, match="weights must be one of float32, int8, got 'int4'"):
+    eagle.Settings(weights='int4')
   with pytest.raises(ValueError, match='trained on sequences of 12 tokens.*eagle.window'):
     eagle.make(TARGET, NET, LAYERS, target_params=TARGET_PARAMS, trained_length=12)
 

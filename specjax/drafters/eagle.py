@@ -52,6 +52,7 @@ from specjax.models.language_model import LanguageModel
 Array = jax.Array
 
 MIN_WINDOW = 16   # longer than any chain or tree drafts, so drafts always see each other
+WEIGHTS = ('float32', 'int8')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +62,17 @@ class Settings:
   min_confidence: drafts less likely than this under the drafter end the evidence.
   window: how far back the layer attends (`eagle_net`): -1 the length of the
     sequences it was trained on (from its checkpoint), 0 no limit, or a number of
-    positions (at least MIN_WINDOW, so a chain or tree always sees its own drafts)."""
+    positions (at least MIN_WINDOW, so a chain or tree always sees its own drafts).
+  weights: 'int8' rounds the layer's matrices to int8 blocks
+    (`eagle_net.with_int8_form`), which the CPU kernel reads at a quarter of the
+    bytes: on 8 raw-text Spec-Bench prompts, interleaved on a 2-core Xeon, a
+    chain of 4 ran 1.13x of plain decoding against 1.02x as trained, accepting
+    231 drafts against 230 (6 December 2026). 'float32' serves it as trained."""
 
   checkpoint: str = 'embedded'
   min_confidence: float = 0.0
   window: int = -1
+  weights: str = 'int8'
 
   def __post_init__(self):
     if not 0.0 <= self.min_confidence < 1.0:
@@ -73,6 +80,8 @@ class Settings:
     if self.window not in (-1, 0) and self.window < MIN_WINDOW:
       raise ValueError(f'window must be -1 (the trained length), 0 (none) or >= {MIN_WINDOW}, '
                        f'got {self.window}')
+    if self.weights not in WEIGHTS:
+      raise ValueError(f'weights must be one of {", ".join(WEIGHTS)}, got {self.weights!r}')
 
 
 def _at(x_BxTxD: Array, index_B: Array) -> Array:
@@ -103,7 +112,9 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
   ids = draft_vocab.checked_ids(vocab_ids_N, cfg.vocab_size, 'eagle draft')
   # A draft vocabulary's rows are gathered once here; the full table is read where it is.
   head_NxD, head_q8 = (None, None) if ids is None else draft_vocab.head_rows(target_params, ids)
-  params = {'net': jax.tree.map(jnp.asarray, dict(net)),
+  net = dict(net)
+  params = {'net': (eagle_net.with_int8_form(net) if settings.weights == 'int8'
+                    else jax.tree.map(jnp.asarray, net)),
             'ids_N': None if ids is None else jnp.asarray(ids),
             'head_NxD': head_NxD, 'head_q8': head_q8}
 

@@ -25,24 +25,15 @@ from absl import flags
 import jax
 import numpy as np
 
-from specjax import checkpoints
 from specjax import compile_cache
-from specjax.checkpoints import drafter_io
-from specjax.checkpoints import embedded
 from specjax.decoding import autoregressive, draft_length, speculative
 from specjax.drafters import make_drafter
-from specjax.experiments import prompts as prompts_lib
-from specjax.models import q8_weights
-from specjax.models.language_model import LanguageModel
-from specjax.tokenizer import Tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
+import served  # noqa: E402  pylint: disable=g-import-not-at-top
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_SPEC_BENCH = os.path.join(_HERE, '..', '..', 'shared', 'data', 'spec_bench_question.jsonl')
-
-PROMPTS = flags.DEFINE_string('prompts', _SPEC_BENCH, 'Spec-Bench question.jsonl.')
+PROMPTS = flags.DEFINE_string('prompts', served.SPEC_BENCH, 'Spec-Bench question.jsonl.')
 TASKS = flags.DEFINE_integer('tasks', 8, 'The first prompt of each of this many tasks.')
 MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Tokens generated per prompt.')
 REPEATS = flags.DEFINE_integer('repeats', 5, 'Interleaved timed rounds (after a first).')
@@ -56,20 +47,13 @@ def main(argv):
   del argv
   compile_cache.enable()
   print(cpu_info.describe())
-  if not os.path.exists(PROMPTS.value):
-    sys.exit(f'Spec-Bench prompts not found at {PROMPTS.value} (see ../shared/data/README.md)')
-  config, params = checkpoints.load_checkpoint('embedded:gemma3-270m')
-  model = LanguageModel(config)
-  params = jax.device_put(q8_weights.with_q8_weights(params))
-  tokenizer = Tokenizer.from_gguf(embedded.default_gguf_path())
   first_of_task = {}
-  for p in prompts_lib.load_prompts(PROMPTS.value):
+  for p in served.spec_bench_prompts(PROMPTS.value):
     first_of_task.setdefault(p.category, p)
   chosen = list(first_of_task.values())[:TASKS.value]
+  model, params, tokenizer = served.target()
   ids = [[tokenizer.encode(p.text, add_bos=True)] for p in chosen]
-  signature = drafter_io.target_signature(
-      config, checkpoints.content_digest('embedded:gemma3-270m'))
-  trained = drafter_io.load_drafter('embedded', 'eagle', target=signature)
+  trained = served.shipped_eagle(model)
 
   def over_prompts(run):
     outs = [run(one) for one in ids]

@@ -33,24 +33,15 @@ from absl import flags
 import jax
 import numpy as np
 
-from specjax import checkpoints
 from specjax import compile_cache
-from specjax.checkpoints import embedded
 from specjax.decoding import autoregressive, draft_length, speculative
-from specjax.checkpoints import drafter_io
 from specjax.drafters import make_drafter
-from specjax.experiments import prompts as prompts_lib
-from specjax.models import q8_weights
-from specjax.models.language_model import LanguageModel
-from specjax.tokenizer import Tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
+import served  # noqa: E402  pylint: disable=g-import-not-at-top
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_SPEC_BENCH = os.path.join(_HERE, '..', '..', 'shared', 'data', 'spec_bench_question.jsonl')
-
-PROMPTS = flags.DEFINE_string('prompts', _SPEC_BENCH, 'Spec-Bench question.jsonl.')
+PROMPTS = flags.DEFINE_string('prompts', served.SPEC_BENCH, 'Spec-Bench question.jsonl.')
 BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '4', '8'], 'Batch sizes.')
 MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Tokens generated per row.')
 REPEATS = flags.DEFINE_integer('repeats', 7, 'Interleaved timed runs of each (after a first).')
@@ -67,23 +58,15 @@ def main(argv):
   del argv
   compile_cache.enable()
   print(cpu_info.describe())
-  if not os.path.exists(PROMPTS.value):
-    sys.exit(f'Spec-Bench prompts not found at {PROMPTS.value} (see ../shared/data/README.md)')
-  config, params = checkpoints.load_checkpoint('embedded:gemma3-270m')
-  model = LanguageModel(config)
-  params = jax.device_put(q8_weights.with_q8_weights(params))
-  tokenizer = Tokenizer.from_gguf(embedded.default_gguf_path())
+  prompts = served.spec_bench_prompts(PROMPTS.value)
+  model, params, tokenizer = served.target()
   by_task = collections.defaultdict(list)
-  for p in prompts_lib.load_prompts(PROMPTS.value):
+  for p in prompts:
     by_task[p.category].append(p)
   # One prompt per task in turn, so a batch mixes tasks and lengths.
   order = [p for rank in range(max(map(len, by_task.values())))
            for task in by_task.values() if rank < len(task) for p in task[rank:rank + 1]]
-  trained = None
-  if {'eagle', 'hybrid'} & set(DRAFTERS.value):
-    signature = drafter_io.target_signature(
-        config, checkpoints.content_digest('embedded:gemma3-270m'))
-    trained = drafter_io.load_drafter('embedded', 'eagle', target=signature)
+  trained = served.shipped_eagle(model) if {'eagle', 'hybrid'} & set(DRAFTERS.value) else None
   loops = {name: make_drafter(name, target=model, trained=trained, target_params=params)
            for name in DRAFTERS.value}
   print(f'jax {jax.__version__}, Gemma 3 270M float32, greedy, {MAX_NEW.value} new tokens, '

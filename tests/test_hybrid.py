@@ -89,7 +89,7 @@ def test_greedy_hybrid_equals_greedy_autoregressive_and_drafts_from_the_right_dr
 def test_a_plain_step_drafts_nothing():
   """The hybrid has its network's costly drafts: the loop picks the width first, so a
   step the policy makes plain runs neither lookup nor the network (drafting first ran
-  the network in every step, and a never-drafting loop cost 1.4 decode steps a step)."""
+  the network in every step, and a never-drafting loop cost 1.47 decode steps a step)."""
   drafter, steps, network_calls = _recorded(EAGLE)
   assert drafter.costly_drafts
   never = draft_length.Policy(buckets=(0, 3), costs=(1.0, 50.0))

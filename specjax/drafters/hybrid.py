@@ -33,7 +33,7 @@ The hybrid has the network's costly drafts: the loop chooses the call's width
 from each row's acceptance history first and then drafts only that many
 tokens, so a plain step runs neither lookup nor the network (drafting first,
 as n-gram lookup alone does, ran the network in every step: a never-drafting
-loop cost 1.40 decode steps a step against EAGLE's own 1.13,
+loop cost 1.47 decode steps a step against EAGLE's own 1.15,
 benchmarks/plain_step_overhead.py, 6 December 2026). Each row then verifies
 at most its evidence: gamma for a row drafted by lookup, the network
 drafter's own (its confident prefix) otherwise. Under sampling a lookup row's q is one-hot at

@@ -78,16 +78,24 @@ def figures(rows: Sequence[Row]) -> list[Figures]:
   return out
 
 
+def alpha(rows: Sequence[Row], setting: Setting) -> float | None:
+  """Leviathan's alpha from the rows' accepted drafts per verify call. It models a chain
+  of i.i.d. acceptances, so a tree has none."""
+  verify_calls = sum(r.verify_calls for r in rows)
+  if not verify_calls or setting.tree:
+    return None
+  return leviathan.alpha_from_counts(sum(r.accepted_tokens for r in rows), verify_calls,
+                                     setting.gamma)
+
+
 def _speculative(rows: Sequence[Row], setting: Setting) -> dict:
-  """Acceptance figures. alpha models a chain of i.i.d. acceptances, so a tree has none."""
   drafted = sum(r.drafted_tokens for r in rows)
   accepted = sum(r.accepted_tokens for r in rows)
   calls = sum(r.target_calls for r in rows)
   verify_calls = sum(r.verify_calls for r in rows)
   out = dict(acceptance_rate=accepted / drafted if drafted else None,
              mean_accepted_tokens=sum(r.new_tokens for r in rows) / calls,
-             alpha=leviathan.alpha_from_counts(accepted, verify_calls, setting.gamma)
-             if verify_calls and not setting.tree else None)
+             alpha=alpha(rows, setting))
   if verify_calls and all(r.acceptance_by_position is not None for r in rows):
     out['by_position'] = tuple(sum(column) / verify_calls
                                for column in zip(*(r.acceptance_by_position for r in rows)))

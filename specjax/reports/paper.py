@@ -50,15 +50,6 @@ def _speculative_groups(rows: Sequence[Row]):
   return {s: rs for s, rs in figures_lib.group(rows).items() if s.method != BASELINE}
 
 
-def _alpha(rows: Sequence[Row], setting) -> float | None:
-  """Leviathan's alpha: the i.i.d. acceptance of a chain's drafts (a tree has none)."""
-  verify_calls = sum(r.verify_calls for r in rows)
-  if not verify_calls or setting.tree:
-    return None
-  return leviathan.alpha_from_counts(sum(r.accepted_tokens for r in rows), verify_calls,
-                                     setting.gamma)
-
-
 def _sampling_label(rows: Sequence[Row], temperature: float) -> str:
   if temperature == 0:
     return 'greedy'
@@ -84,7 +75,7 @@ def leviathan_table(rows: Sequence[Row], cost_ratios: Mapping[str, float]) -> li
       by_task[r.category].append(r)
     for task in sorted(by_task) + ['all']:
       task_rows = members if task == 'all' else by_task[task]
-      alpha = _alpha(task_rows, setting)
+      alpha = figures_lib.alpha(task_rows, setting)
       measured = figures_lib.speedup(task_rows, baseline)
       cost = cost_ratios.get(method)
       predicted = (leviathan.walltime_improvement(alpha, gamma, cost)

@@ -297,10 +297,10 @@ def _prefilled(seed: int, lengths: list[int], prompt_len: int = 19, slots: int =
 
 @pytest.mark.parametrize('window', [0, 16], ids=['no-window', 'window'])
 def test_init_runs_the_layer_at_the_last_prompt_position_as_over_the_whole_prompt(window):
-  """init writes every prompt position's keys and runs the rest of the layer at
-  each row's last position only; its output there and its cache up to there
-  equal the layer run over the whole prompt (rows of different lengths, padding
-  after them)."""
+  """init writes every prompt position's keys and keeps each row's last position's
+  inputs, from which drafting runs the rest of the layer there; that output and the
+  cache up to there equal the layer run over the whole prompt (rows of different
+  lengths, padding after them)."""
   drafter = eagle.make(TARGET, NET, LAYERS, eagle.Settings(window=window),
                        target_params=TARGET_PARAMS)
   prompt_len, slots = 19, 34
@@ -314,13 +314,22 @@ def test_init_runs_the_layer_at_the_last_prompt_position_as_over_the_whole_promp
       eagle_net.embed(TARGET_PARAMS['embedding_VxD'], nxt), view.positions_BxT,
       eagle_net.init_cache(geo, 3, slots + 2), key_slots=prompt_len)
   last_B = np.asarray(view.lengths_B) - 2
-  np.testing.assert_allclose(state['out_BxD'], np.asarray(full_BxTxD)[np.arange(3), last_B],
-                             rtol=1e-5, atol=1e-5)
   for name in ('k', 'v'):   # the committed slots; later ones are hidden until rewritten
     for b in range(3):
       np.testing.assert_allclose(state['cache'][name][b, :last_B[b] + 1],
                                  full_cache[name][b, :last_B[b] + 1], rtol=1e-5, atol=1e-5)
-  assert float(jnp.abs(state['out_BxD']).max()) > 0.1
+  first_BxD = _first_output(net, state, geo, view.lengths_B)
+  np.testing.assert_allclose(first_BxD, np.asarray(full_BxTxD)[np.arange(3), last_B],
+                             rtol=1e-5, atol=1e-5)
+  assert float(jnp.abs(first_BxD).max()) > 0.1
+
+
+def _first_output(net, state, geo, lengths_B):
+  """The layer's output at lengths - 2, from the inputs init or update kept."""
+  out_Bx1xD, _ = eagle_net.step(net, geo, state['hidden_BxD'][:, None],
+                                state['embedded_BxD'][:, None], (lengths_B - 2)[:, None],
+                                state['cache'])
+  return out_Bx1xD[:, 0]
 
 
 @pytest.mark.parametrize('window', [0, 16])
@@ -344,7 +353,7 @@ def test_every_tree_node_is_its_rank_after_its_path_drafted_as_a_chain(window):
   geo = eagle_net.Geometry.of(NET, CFG.rms_norm_eps, window or None)
   net = drafter.params['net']
   for path in tree.paths():
-    o, cache = state['out_BxD'], state['cache']
+    o, cache = _first_output(net, state, geo, lengths_B), state['cache']
     for d, node in enumerate(path, start=1):
       logits_BxV = np.asarray(eagle_net.logits(net, TARGET_PARAMS['embedding_VxD'], o[:, None],
                                                CFG, geo.eps)[:, 0])

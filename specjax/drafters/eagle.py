@@ -3,15 +3,15 @@
 The network (`eagle_net.py`) is one decoder layer over the fused target
 features and the next token's embedding. In decoding:
 
-- `init` runs the layer over the prompt: chain position t reads the fused
-  target feature at t and the token at t + 1 (the last one is the pending
-  token the prefill chose), filling the drafter's own KV cache;
-- `update`, after every target call, reruns it over the call's positions
-  (the pending token and the drafts) with the target's real features, so
+- `init` writes the layer's keys and values over the prompt: chain position t
+  reads the fused target feature at t and the token at t + 1 (the last one is
+  the pending token the prefill chose), filling the drafter's own KV cache;
+- `update`, after every target call, writes them over the call's positions
+  (the pending token and the drafts) from the target's real features, so
   every cache slot below the new pending token holds keys made from the
   target's features, whatever the drafts had written there;
-- `propose` drafts: draft 1 from the output at the position before the
-  pending token, then each further draft from the layer's own previous
+- `propose` drafts: draft 1 from the layer's output at the position before
+  the pending token, then each further draft from the layer's own previous
   output and the draft before it, one position at a time;
 - `propose_tree` fills a static token tree as EAGLE-2 does (its static
   variant): a node that is its parent's r-th child takes the r-th most likely
@@ -23,7 +23,16 @@ features and the next token's embedding. In decoding:
   call the target's view is the accepted path as a chain, which `update`
   takes as it takes a chain's.
 
-The state keeps the output that drafts next (`out_BxD`) and the cache. It
+A position's keys depend only on its own inputs, and drafting reads the
+layer's output at one position only (the one before the pending token), so
+`init` and `update` write keys and keep that position's inputs
+(`hidden_BxD`, `embedded_BxD`), and `propose` runs the rest of the layer
+(queries, attention, MLP) there, in the steps that draft. Running the whole
+layer over every call's positions in `update`, as before, cost a step that
+drafts nothing (a plain step, or a hybrid's lookup step) the layer's
+attention and MLP over gamma + 1 positions for an output it never read.
+
+The state keeps those inputs and the cache. It
 reads the target's embedding and no other target weight (`reads_target_params`);
 its head is the target's tied table restricted to the draft vocabulary,
 gathered once. Trained by `python -m specjax.train --config=configs/train_eagle.py`.
@@ -136,40 +145,40 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
                                      _next_tokens(view.tokens_BxS, view.positions_BxT))
     return hidden_BxTxD, embedded_BxTxD
 
-  def catch_up(params, target_params, cache, view: base.TargetView, last_B):
-    """Runs the layer over the call's positions with the target's fused features."""
+  def catch_up(params, target_params, cache, view: base.TargetView):
+    """Keys and values at the view's positions from the target's fused features, and
+    the layer's inputs at the position before the pending token (lengths - 2), whose
+    output drafts next. A prompt of hundreds of tokens or a call of gamma + 1
+    positions would otherwise run the layer's attention and MLP at every position
+    (on a 2-core CPU, 896 prompt positions cost 1.8 decode steps that way)."""
     hidden_BxTxD, embedded_BxTxD = layer_inputs(params, target_params, view)
-    out_BxTxD, cache = eagle_net.step(params['net'], geo, hidden_BxTxD, embedded_BxTxD,
-                                      view.positions_BxT, cache)
-    return {'out_BxD': _at(out_BxTxD, last_B), 'cache': cache}
+    cache = eagle_net.write_keys(params['net'], geo, hidden_BxTxD, embedded_BxTxD,
+                                 view.positions_BxT, cache)
+    last_B = view.lengths_B - 2 - view.positions_BxT[:, 0]
+    return {'hidden_BxD': _at(hidden_BxTxD, last_B), 'embedded_BxD': _at(embedded_BxTxD, last_B),
+            'cache': cache}
 
   def init(*, params, target: base.TargetView, target_params):
-    """Keys and values at every prompt position, and the layer's output at the
-    last one only: drafting reads that output and the keys, and a prompt of
-    hundreds of tokens would otherwise run the layer's attention and MLP at every
-    position (on a 2-core CPU, 896 positions cost 1.8 decode steps that way)."""
     batch, slots = target.tokens_BxS.shape
-    cache = eagle_net.init_cache(geo, batch, slots + 2)
-    # The pending token is at lengths - 1; the output that drafts next is at lengths - 2.
-    # Prefill positions are 0 .. P-1: their keys are the cache's first P slots.
-    hidden_BxTxD, embedded_BxTxD = layer_inputs(params, target_params, target)
-    cache = eagle_net.write_keys(params['net'], geo, hidden_BxTxD, embedded_BxTxD,
-                                 target.positions_BxT, cache)
-    last_B = target.lengths_B - 2
-    out_Bx1xD, cache = eagle_net.step(params['net'], geo, _at(hidden_BxTxD, last_B)[:, None],
-                                      _at(embedded_BxTxD, last_B)[:, None], last_B[:, None],
-                                      cache, key_slots=target.positions_BxT.shape[1])
-    return {'out_BxD': out_Bx1xD[:, 0], 'cache': cache}
+    # The pending token is at lengths - 1; prefill positions are 0 .. P-1.
+    return catch_up(params, target_params, eagle_net.init_cache(geo, batch, slots + 2), target)
 
   def update(*, params, state, target: base.TargetView, target_params):
-    last_B = target.lengths_B - 2 - target.positions_BxT[:, 0]
-    return catch_up(params, target_params, state['cache'], target, last_B)
+    return catch_up(params, target_params, state['cache'], target)
+
+  def first_output(params, state, lengths_B):
+    """The layer's output at lengths - 2 from the inputs `catch_up` kept: what draft 1
+    (and a tree's first level) is read from."""
+    out_Bx1xD, cache = eagle_net.step(params['net'], geo, state['hidden_BxD'][:, None],
+                                      state['embedded_BxD'][:, None], (lengths_B - 2)[:, None],
+                                      state['cache'])
+    return out_Bx1xD[:, 0], cache
 
   def propose(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, gamma, shared=None,
               target_params):
     del tokens_BxS, shared
     ids_N = params['ids_N']
-    out_BxD, cache = state['out_BxD'], state['cache']
+    out_BxD, cache = first_output(params, state, lengths_B)
     drafts, qs, probs = [], [], []
     for k in range(gamma):
       if k > 0:   # the layer at the previous draft's position, on its own last output
@@ -190,21 +199,21 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
         qs.append(q_BxV)
     num_drafts_B = confidence.confident_prefix(jnp.stack(probs, axis=1), settings.min_confidence)
     return base.Proposal(jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1) if qs else None,
-                         num_drafts_B, {'out_BxD': state['out_BxD'], 'cache': cache})
+                         num_drafts_B, dict(state, cache=cache))
 
   def propose_tree(*, params, state, tokens_BxS, lengths_B, keys_B, sampling, tree, shared=None,
                    target_params):
     del tokens_BxS, keys_B, sampling, shared
     ids_N = params['ids_N']
     head_NxD, head_q8 = head(params, target_params)
-    cache = state['cache']
+    root_BxD, cache = first_output(params, state, lengths_B)
     batch = lengths_B.shape[0]
     num_nodes = tree.num_nodes
     shape = (batch, num_nodes) + cache['k'].shape[2:]
     nodes = {'k': jnp.zeros(shape, cache['k'].dtype), 'v': jnp.zeros(shape, cache['v'].dtype)}
     sees_NxN = jnp.asarray(tree.mask_TxT[1:, 1:])   # ancestor-or-self among the nodes
     # out_T[t] drafts tree index t's children (0: the root, i + 1: node i).
-    out_T = [state['out_BxD']] + [None] * num_nodes
+    out_T = [root_BxD] + [None] * num_nodes
     ranked = {}   # tree index -> (token_BxR, prob_BxR) of its R best children
 
     def children_of(t):

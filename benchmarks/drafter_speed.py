@@ -1,0 +1,117 @@
+r"""Drafters' speed over autoregressive decoding, interleaved, on the loop's default policy.
+
+A sweep times its cells one after another, so a cell's ratio moves with the
+machine's spells (about 0.07 between whole Spec-Bench sweeps on a shared 2-core
+VM); a change to a drafter's cost of a few percent does not show there. This
+times, in turns over `--repeats` rounds, autoregressive decoding and each
+drafter's loop on the same prompts (the first prompt of `--tasks` Spec-Bench
+tasks, raw text, batch 1, greedy), both under the adaptive default policy and,
+with `--never_drafts`, with drafting priced out (every step plain: what the
+drafter costs the loop when it drafts nothing). Outputs are checked identical;
+prints the median and fastest time over autoregressive decoding's, the speedup,
+and tokens per target call, with the CPU model and flags. To compare two
+versions of the code, run it in each (a `git worktree` of the other commit):
+the ratios are against the baseline of the same run.
+
+  .venv/bin/python benchmarks/drafter_speed.py --drafters=ngram,eagle,hybrid --never_drafts
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+from specjax import compile_cache
+from specjax.decoding import autoregressive, draft_length, speculative
+from specjax.drafters import make_drafter
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
+import served  # noqa: E402  pylint: disable=g-import-not-at-top
+
+PROMPTS = flags.DEFINE_string('prompts', served.SPEC_BENCH, 'Spec-Bench question.jsonl.')
+TASKS = flags.DEFINE_integer('tasks', 8, 'The first prompt of each of this many tasks.')
+MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Tokens generated per prompt.')
+REPEATS = flags.DEFINE_integer('repeats', 5, 'Interleaved timed rounds (after a first).')
+GAMMA = flags.DEFINE_integer('gamma', 4, 'The most drafts per call.')
+DRAFTERS = flags.DEFINE_list('drafters', ['ngram', 'eagle', 'hybrid'],
+                             'ngram, eagle, hybrid (n-gram lookup over the shipped EAGLE).')
+NEVER_DRAFTS = flags.DEFINE_bool('never_drafts', False,
+                                 'Also time each drafter with drafting priced out.')
+
+# Drafting priced out: every step is plain (buckets 0, 2, 4; a call of drafts at 50+ decode steps).
+_PRICED_OUT = draft_length.Policy(buckets=(0, 2, 4), costs=(1.0, 50.0, 60.0))
+
+
+def _drafter(name, model, params):
+  if name == 'ngram':
+    return make_drafter('ngram', target=model)
+  trained = served.shipped_eagle(model)
+  if name == 'eagle':
+    return make_drafter('eagle', target=model, trained=trained, target_params=params)
+  if name == 'hybrid':
+    return make_drafter('hybrid', target=model, trained=trained, target_params=params)
+  sys.exit(f'unknown drafter {name!r}: one of ngram, eagle, hybrid')
+
+
+def main(argv):
+  del argv
+  compile_cache.enable()
+  print(cpu_info.describe())
+  first_of_task = {}
+  for p in served.spec_bench_prompts(PROMPTS.value):
+    first_of_task.setdefault(p.category, p)
+  chosen = list(first_of_task.values())[:TASKS.value]
+  model, params, tokenizer = served.target()
+  ids = [[tokenizer.encode(p.text, add_bos=True)] for p in chosen]
+
+  def over_prompts(run):
+    outs = [run(one) for one in ids]
+    calls = sum(sum(getattr(o, 'target_calls', [0])) for o in outs)
+    return sum(o.wall_s for o in outs), [o.new_tokens[0] for o in outs], calls
+
+  runs = {'autoregressive': lambda: over_prompts(
+      lambda one: autoregressive.generate(model, params, one, max_new_tokens=MAX_NEW.value))}
+  policies = {'': None}
+  if NEVER_DRAFTS.value:
+    policies[', never drafts'] = _PRICED_OUT
+  for name in DRAFTERS.value:
+    drafter = _drafter(name, model, params)
+    for label, policy in policies.items():
+      runs[name + label] = lambda drafter=drafter, policy=policy: over_prompts(
+          lambda one: speculative.generate(model, params, drafter, one, gamma=GAMMA.value,
+                                           max_new_tokens=MAX_NEW.value, policy=policy))
+  first = {name: run() for name, run in runs.items()}   # compiles
+  for name, (_, tokens, _) in first.items():
+    if tokens != first['autoregressive'][1]:
+      sys.exit(f'{name}: the output differs from autoregressive decoding')
+  seconds = collections.defaultdict(list)
+  for _ in range(REPEATS.value):
+    for name, run in runs.items():
+      seconds[name].append(run()[0])
+  base = np.asarray(seconds['autoregressive'])
+  new_tokens = sum(len(t) for t in first['autoregressive'][1])
+  print(f'jax {jax.__version__}, Gemma 3 270M float32 (served with its int8 forms), greedy, '
+        f'batch 1, gamma {GAMMA.value}, {len(ids)} prompts '
+        f'({", ".join(p.category for p in chosen)}), {MAX_NEW.value} new tokens, '
+        f'{REPEATS.value} interleaved rounds\n')
+  print('| run | tokens per target call | time over autoregressive, median | fastest | '
+        'speedup, median |')
+  print('|---|---|---|---|---|')
+  for name in runs:
+    mine = np.asarray(seconds[name])
+    ratio = np.median(mine) / np.median(base)
+    calls = first[name][2]
+    per_call = f'{new_tokens / calls:.2f}' if calls else '1.00'
+    print(f'| {name} | {per_call} | {ratio:.3f} | {mine.min() / base.min():.3f} | '
+          f'{1 / ratio:.2f}x |')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -5,8 +5,10 @@ machine's spells (about 0.07 between whole Spec-Bench sweeps on a shared 2-core
 VM); a change to a drafter's cost of a few percent does not show there. This
 times, in turns over `--repeats` rounds, autoregressive decoding and each
 drafter's loop on the same prompts (the first prompt of `--tasks` Spec-Bench
-tasks, raw text, batch 1, greedy), both under the adaptive default policy and,
-with `--never_drafts`, with drafting priced out (every step plain: what the
+tasks, raw text, batch 1, greedy), under the adaptive policy as a run builds
+it (costs measured on this machine for each prompt's cache length, drafting
+included for a costly drafter, `step_costs.measure_parts`) and, with
+`--never_drafts`, with drafting priced out (every step plain: what the
 drafter costs the loop when it drafts nothing). Outputs are checked identical;
 prints the median and fastest time over autoregressive decoding's, the speedup,
 and tokens per target call, with the CPU model and flags. To compare two
@@ -14,11 +16,13 @@ versions of the code, run it in each (a `git worktree` of the other commit):
 the ratios are against the baseline of the same run.
 
   .venv/bin/python benchmarks/drafter_speed.py --drafters=ngram,eagle,hybrid --never_drafts
+  .venv/bin/python benchmarks/drafter_speed.py --drafters=ngram,hybrid --unplanned --repeats=7
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import sys
 
@@ -28,7 +32,7 @@ import jax
 import numpy as np
 
 from specjax import compile_cache
-from specjax.decoding import autoregressive, draft_length, speculative
+from specjax.decoding import autoregressive, draft_length, program, speculative, step_costs
 from specjax.drafters import make_drafter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +48,10 @@ DRAFTERS = flags.DEFINE_list('drafters', ['ngram', 'eagle', 'hybrid'],
                              'ngram, eagle, hybrid (n-gram lookup over the shipped EAGLE).')
 NEVER_DRAFTS = flags.DEFINE_bool('never_drafts', False,
                                  'Also time each drafter with drafting priced out.')
+UNPLANNED = flags.DEFINE_bool('unplanned', False,
+                              'Also time the hybrid without its plan, as before 7 December 2026: '
+                              'one history for both sources and every step priced without the '
+                              "network's drafting.")
 
 # Drafting priced out: every step is plain (buckets 0, 2, 4; a call of drafts at 50+ decode steps).
 _PRICED_OUT = draft_length.Policy(buckets=(0, 2, 4), costs=(1.0, 50.0, 60.0))
@@ -71,22 +79,49 @@ def main(argv):
   model, params, tokenizer = served.target()
   ids = [[tokenizer.encode(p.text, add_bos=True)] for p in chosen]
 
+  gamma = GAMMA.value
+  packed = [program.pack(model, one, max_new_tokens=MAX_NEW.value, extra_slots=gamma + 1)
+            for one in ids]
+  buckets = draft_length.default_buckets(gamma)
+  measured = {}
+
+  def measured_policy(drafter, slots, drafting_known=True):
+    """The policy a run builds for this cache length (`experiments/methods._policy`);
+    without `drafting_known`, every step priced without the drafting part."""
+    if (drafter.name, slots) not in measured:
+      costs, draft_costs = step_costs.measure_parts(model, params, buckets, batch=1,
+                                                    num_slots=slots, drafter=drafter)
+      print(f'{drafter.name}, {slots} slots: costs {", ".join(f"{c:.2f}" for c in costs)} '
+            f'(drafting {", ".join(f"{c:.2f}" for c in draft_costs)})')
+      measured[drafter.name, slots] = costs, draft_costs
+    costs, draft_costs = measured[drafter.name, slots]
+    if not drafting_known:
+      costs, draft_costs = tuple(c - d for c, d in zip(costs, draft_costs)), ()
+    return speculative.make_policy(gamma, 1, buckets=buckets, costs=costs,
+                                   draft_costs=draft_costs)
+
   def over_prompts(run):
-    outs = [run(one) for one in ids]
+    outs = [run(i) for i in range(len(ids))]
     calls = sum(sum(getattr(o, 'target_calls', [0])) for o in outs)
     return sum(o.wall_s for o in outs), [o.new_tokens[0] for o in outs], calls
 
-  runs = {'autoregressive': lambda: over_prompts(
-      lambda one: autoregressive.generate(model, params, one, max_new_tokens=MAX_NEW.value))}
-  policies = {'': None}
-  if NEVER_DRAFTS.value:
-    policies[', never drafts'] = _PRICED_OUT
+  def speculative_run(drafter, policies):
+    return lambda: over_prompts(lambda i: speculative.generate(
+        model, params, drafter, packed[i], gamma=gamma, max_new_tokens=MAX_NEW.value,
+        policy=policies[i]))
+
+  runs = {'autoregressive': lambda: over_prompts(lambda i: autoregressive.generate(
+      model, params, packed[i], max_new_tokens=MAX_NEW.value))}
   for name in DRAFTERS.value:
     drafter = _drafter(name, model, params)
-    for label, policy in policies.items():
-      runs[name + label] = lambda drafter=drafter, policy=policy: over_prompts(
-          lambda one: speculative.generate(model, params, drafter, one, gamma=GAMMA.value,
-                                           max_new_tokens=MAX_NEW.value, policy=policy))
+    runs[name] = speculative_run(drafter, [measured_policy(drafter, p.tokens_BxS.shape[1])
+                                           for p in packed])
+    if name == 'hybrid' and UNPLANNED.value:
+      runs['hybrid, unplanned'] = speculative_run(
+          dataclasses.replace(drafter, plan=None),
+          [measured_policy(drafter, p.tokens_BxS.shape[1], drafting_known=False) for p in packed])
+    if NEVER_DRAFTS.value:
+      runs[name + ', never drafts'] = speculative_run(drafter, [_PRICED_OUT] * len(packed))
   first = {name: run() for name, run in runs.items()}   # compiles
   for name, (_, tokens, _) in first.items():
     if tokens != first['autoregressive'][1]:
@@ -97,8 +132,8 @@ def main(argv):
       seconds[name].append(run()[0])
   base = np.asarray(seconds['autoregressive'])
   new_tokens = sum(len(t) for t in first['autoregressive'][1])
-  print(f'jax {jax.__version__}, Gemma 3 270M float32 (served with its int8 forms), greedy, '
-        f'batch 1, gamma {GAMMA.value}, {len(ids)} prompts '
+  print(f'\njax {jax.__version__}, Gemma 3 270M float32 (served with its int8 forms), greedy, '
+        f'batch 1, gamma {gamma}, {len(ids)} prompts '
         f'({", ".join(p.category for p in chosen)}), {MAX_NEW.value} new tokens, '
         f'{REPEATS.value} interleaved rounds\n')
   print('| run | tokens per target call | time over autoregressive, median | fastest | '

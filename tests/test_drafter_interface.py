@@ -171,8 +171,8 @@ def test_a_step_without_evidence_is_a_plain_decode_step():
     state = speculative.SpecState(
         decode, (), draft_length.History.init(batch),
         speculative.Counters.zeros(batch, gamma, len(policy.buckets)))
-    costs_N = jnp.asarray(policy.costs)
-    spec = speculative._step(loop, params, None, costs_N, keys_B, max_new_B, state)  # pylint: disable=protected-access
+    costs = draft_length.cost_data(policy)
+    spec = speculative._step(loop, params, None, costs, keys_B, max_new_B, state)  # pylint: disable=protected-access
     return plain, spec
 
   plain, spec = both(params)
@@ -231,6 +231,19 @@ def test_width_calls_count_the_batchs_steps_per_branch():
 def test_bad_nested_drafter_settings_are_clear_errors(name, values, message):
   with pytest.raises(ValueError, match=message):
     drafters.settings_for(name, values)
+
+
+@pytest.mark.parametrize('draft_costs', [(0.0, 0.1), (0.0, 0.1, -0.1), (0.0, 0.1, 1.5)])
+def test_draft_costs_are_a_part_of_each_buckets_cost(draft_costs):
+  with pytest.raises(ValueError, match='draft_costs .* must be empty or, for each bucket, at '
+                                       'least 0 and below its cost'):
+    draft_length.Policy((0, 2, 4), (1.0, 1.2, 1.5), draft_costs=draft_costs)
+  ok = draft_length.Policy((0, 2, 4), (1.0, 1.2, 1.5), draft_costs=(0.0, 0.1, 0.4))
+  data = draft_length.cost_data(ok)
+  np.testing.assert_allclose(data['total_N'], [1.0, 1.2, 1.5])
+  np.testing.assert_allclose(data['drafting_N'], [0.0, 0.1, 0.4])
+  np.testing.assert_array_equal(
+      draft_length.cost_data(draft_length.Policy((0, 2), (1.0, 1.2)))['drafting_N'], [0.0, 0.0])
 
 
 def test_choose_prefers_a_plain_step_for_a_large_batch_with_expensive_calls():

@@ -15,6 +15,7 @@ import pytest
 
 from specjax.decoding import draft_length
 from specjax.decoding import speculative
+from specjax.decoding import step_costs
 from specjax.decoding import tree as tree_lib
 from specjax.drafters import base
 from specjax.drafters import eagle
@@ -111,6 +112,58 @@ def test_an_unmatched_row_drafts_what_the_network_drafts():
   assert 0 < len(unmatched) == len(network_calls) < len(steps), (len(unmatched), len(steps))
   for drafted, network in zip(unmatched, network_calls):
     np.testing.assert_array_equal(drafted, network)
+
+
+def test_the_plan_gives_each_row_its_sources_acceptance_and_marks_the_network_rows():
+  """Before the width is chosen: a row with a match is lookup's (its record, nothing to
+  draft at a cost), a row without is the network's."""
+  drafter = hybrid.make(SETTINGS, EAGLE)
+  tokens_BxS = jnp.asarray([[5, 6, 7, 5, 6, 0, 0, 0], [5, 6, 7, 8, 9, 0, 0, 0]], jnp.int32)
+  lengths_B = jnp.asarray([5, 5], jnp.int32)
+  record = lambda accepted, rejected: draft_length.History(  # noqa: E731
+      jnp.asarray(accepted, jnp.float32), jnp.asarray(rejected, jnp.float32))
+  state = hybrid.State(network=None, lookup_B=jnp.zeros((2,), bool),
+                       lookup_history=record([8.0, 8.0], [0.0, 0.0]),
+                       network_history=record([0.0, 0.0], [8.0, 8.0]))
+  plan = drafter.plan(params=drafter.params, state=state, tokens_BxS=tokens_BxS,
+                      lengths_B=lengths_B)
+  assert np.asarray(plan.costly_B).tolist() == [False, True]   # row 0 ends in '5 6', seen before
+  policy = hybrid._HISTORY  # pylint: disable=protected-access
+  want = [float(state.lookup_history.acceptance(policy)[0]),
+          float(state.network_history.acceptance(policy)[1])]
+  np.testing.assert_allclose(np.asarray(plan.acceptance_B), want)
+  assert want[0] > 0.8 > 0.2 > want[1]
+
+
+@pytest.mark.parametrize('draft_costs', [(0.0, 1.5), ()], ids=['drafting-known', 'control'])
+def test_a_step_that_only_copies_is_weighed_without_the_networks_drafting_cost(draft_costs):
+  """A call of 3 drafts costs 2 decode steps, 1.5 of them the network's drafting: at the
+  prior's acceptance (0.5) a call is worth 1.875 tokens, so it pays only where the row
+  copies (0.5 steps). The hybrid copies in every step with a match and takes a plain
+  step without one, never running the network. Control: with the drafting part unknown
+  every call is priced at 2 steps, and nothing is drafted."""
+  drafter, steps, network_calls = _recorded(EAGLE)
+  policy = draft_length.Policy((0, 3), (1.0, 2.0), draft_costs=draft_costs)
+  out = speculative.generate(TARGET, TARGET_PARAMS, drafter, [PROMPTS[0]], gamma=3,
+                             max_new_tokens=MAX_NEW, policy=policy)
+  assert out.new_tokens == [plain_greedy()[0]]
+  assert network_calls == []
+  if draft_costs:
+    assert steps and out.plain_calls[0] > 0 and sum(out.drafted_tokens) > 0
+    for _, tokens_BxS, lengths_B in steps:   # every drafted step had a match
+      assert np.asarray(ngram_lib.propose_ngram(jnp.asarray(tokens_BxS), jnp.asarray(lengths_B),
+                                                3, 3, 1)[1])[0] > 0
+  else:
+    assert steps == [] and sum(out.drafted_tokens) == 0
+
+
+def test_a_hybrids_drafting_is_timed_on_its_network():
+  """`step_costs` times drafting from a prompt with no n-gram match, so the hybrid's
+  measured drafting cost is its network's (a zero prompt matched everywhere, and the
+  hybrid's drafts were measured as free)."""
+  drafter, _, network_calls = _recorded(EAGLE)
+  step_costs.seconds_per_draft(drafter, TARGET, TARGET_PARAMS, 2, batch=1, num_slots=32)
+  assert network_calls
 
 
 def test_medusa_as_the_fallback():

@@ -114,6 +114,10 @@ def test_a_steps_cost_holds_drafting_for_costly_drafters_only(monkeypatch):
   assert measure(DRAFTERS['early_exit']) == (1.0, 3.0 + 1.0, 4.0 + 1.5)
   assert measure(DRAFTERS['ngram']) == (1.0, 3.0, 4.0)
   assert measure(None) == (1.0, 3.0, 4.0)
+  parts = lambda drafter: step_costs.measure_parts(  # noqa: E731
+      TARGET, TARGET_PARAMS, BUCKETS, batch=1, num_slots=64, drafter=drafter)
+  assert parts(DRAFTERS['early_exit']) == ((1.0, 4.0, 5.5), (0.0, 1.0, 1.5))
+  assert parts(DRAFTERS['ngram']) == ((1.0, 3.0, 4.0), (0.0, 0.0, 0.0))
 
 
 def test_every_program_is_timed_once_per_round_and_its_best_round_kept(monkeypatch):

@@ -61,6 +61,19 @@ first and choosing after would pay for drafts that a plain step throws away:
 a draft step of the target's own layers costs 0.6 of a decode step on a 2-core
 CPU.
 
+A drafter whose rows draft from sources of different cost and acceptance (a
+hybrid of n-gram lookup and a network, `Drafter.plan`) says before the choice
+which rows will run the network and each row's acceptance rate for its own
+source; a step in which no live row runs the network costs `costs` minus
+`draft_costs`, the drafting part of each bucket's measured cost. One history
+and one cost table for both sources weighed alike a copy, free to draft, and
+an EAGLE draft, of which 4 cost 0.24-0.31 of a decode step on a 2-core Xeon
+(`benchmarks/drafter_speed.py`, 7 December 2026) and which is accepted less
+often (greedy on raw-text Spec-Bench, 0.37 of EAGLE's drafts against 0.55 of
+lookup's). In that benchmark the plan changed the hybrid's speed by less than
+runs move (13 tasks: 0.716 of plain decoding's time against 0.724 without it):
+its worth is that the costs the policy weighs are the ones each step pays.
+
 Each bucket is one branch of the compiled program (a while loop of zero or
 one iterations, `speculative._select`), so the loop never leaves the device.
 With `adaptive=False` every step verifies all gamma drafts of every row (the
@@ -77,6 +90,7 @@ from typing import Sequence
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -85,9 +99,12 @@ Array = jax.Array
 class Policy:
   """buckets: draft counts a call may verify, ascending (0 is a plain step).
   costs: each bucket's relative cost (a plain decode step is 1.0). They are
-    measured, so they reach the compiled program as data (`choose`'s
-    `costs_N`), never as constants: a policy is a static argument, and costs
-    that differ by a microsecond must not compile a program again.
+    measured, so they reach the compiled program as data (`cost_data`),
+    never as constants: a policy is a static argument, and costs that differ
+    by a microsecond must not compile a program again.
+  draft_costs: the part of each bucket's cost that is drafting (a drafter
+    with costly drafts; `step_costs.measure_parts`), or () for none known: a
+    step in which no row runs the network (`Drafter.plan`) costs the rest.
   adaptive: False verifies every row's gamma drafts at every step.
   prior, prior_weight: the Beta prior of a row's acceptance rate, in drafts.
   decay: how fast old acceptances are forgotten (per step).
@@ -113,6 +130,7 @@ class Policy:
   finish_softness: float = 4.0
   outcome_samples: int = 64
   pool_rows: bool = False
+  draft_costs: tuple[float, ...] = dataclasses.field(default=(), compare=False)
 
   def __post_init__(self):
     if len(self.buckets) != len(self.costs) or not self.buckets:
@@ -123,6 +141,11 @@ class Policy:
                        f'got {self.buckets}')
     if any(not c > 0 for c in self.costs):
       raise ValueError(f'costs must be > 0, got {self.costs}')
+    if self.draft_costs and (
+        len(self.draft_costs) != len(self.costs)
+        or any(not 0 <= d < c for d, c in zip(self.draft_costs, self.costs))):
+      raise ValueError(f'draft_costs {self.draft_costs} must be empty or, for each bucket, '
+                       f'at least 0 and below its cost (costs {self.costs})')
     if not 0.0 < self.prior < 1.0 or self.prior_weight <= 0 or not 0.0 < self.decay <= 1.0:
       raise ValueError('need 0 < prior < 1, prior_weight > 0 and 0 < decay <= 1')
     if not self.finish_softness > 0:
@@ -245,14 +268,23 @@ def finish_reduction(policy: Policy, remaining_B: Array, tokens_NxB: Array, live
   return jnp.where(jnp.any(live_B), reduction_N, 0.0)  # no live row: -inf - -inf
 
 
+def cost_data(policy: Policy) -> dict[str, np.ndarray]:
+  """The policy's costs as the compiled program's data: each bucket's cost
+  (`total_N`) and the part of it that is drafting (`drafting_N`, zeros if unknown)."""
+  total_N = np.asarray(policy.costs, np.float32)
+  drafting_N = (np.asarray(policy.draft_costs, np.float32) if policy.draft_costs
+                else np.zeros_like(total_N))
+  return {'total_N': total_N, 'drafting_N': drafting_N}
+
+
 def choose(policy: Policy, costs_N: Array, history: History, evidence_B: Array, live_B: Array,
-           remaining_B: Array) -> tuple[Array, Array]:
+           remaining_B: Array, acceptance_B: Array | None = None) -> tuple[Array, Array]:
   """The bucket index for this step and each row's draft count within it;
-  `costs_N` is `policy.costs` as data, `remaining_B` each row's tokens still to
-  generate."""
+  `costs_N` is each bucket's cost as data, `remaining_B` each row's tokens still to
+  generate, `acceptance_B` each row's acceptance rate (default: `history`'s)."""
   if not policy.adaptive:
     return jnp.int32(0), jnp.full(evidence_B.shape, policy.gamma, jnp.int32)
-  a_B = history.acceptance(policy)
+  a_B = history.acceptance(policy) if acceptance_B is None else acceptance_B
   buckets_N = jnp.asarray(policy.buckets, jnp.int32)
   k_NxB = jnp.minimum(evidence_B[None, :], buckets_N[:, None])
   # A row commits at most what it has left: drafts past R - 1 are worth nothing

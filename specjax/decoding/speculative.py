@@ -41,7 +41,6 @@ from typing import Sequence
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax import sampling as sampling_lib
 from specjax.decoding import acceptance
@@ -291,7 +290,7 @@ def _tree_step(loop: program_lib.Loop, target_params, keys_B, max_new_B, state: 
   return index, _select(index, branches, _placeholders(tree_call, carry))
 
 
-def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B, max_new_B,
+def _step(loop: program_lib.Loop, target_params, drafter_params, costs, keys_B, max_new_B,
           state: SpecState) -> SpecState:
   drafter, policy, gamma = loop.drafter, loop.policy, loop.gamma
   decode = state.decode
@@ -308,8 +307,15 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
   elif drafter.costly_drafts and policy.adaptive:
     # Choose the width from history alone, then draft only that many.
     gamma_B = jnp.full(live_B.shape, gamma, jnp.int32)
+    costs_N, acceptance_B = costs['total_N'], None
+    if drafter.plan is not None:   # each row's source: a step no row drafts costly is cheaper
+      plan = drafter.plan(params=drafter_params, state=state.drafter_state,
+                          tokens_BxS=decode.tokens_BxS, lengths_B=decode.lengths_B)
+      acceptance_B = plan.acceptance_B
+      costs_N = jnp.where(jnp.any(plan.costly_B & live_B), costs_N,
+                          costs_N - costs['drafting_N'])
     index, k_B = draft_length.choose(policy, costs_N, state.history, gamma_B, live_B,
-                                     remaining_B)
+                                     remaining_B, acceptance_B)
     branches = [functools.partial(_drafted_call, loop, n, propose_kwargs, target_params, keys_B,
                                   max_new_B) for n in policy.buckets]
     carry = _Branch(decode, state.drafter_state, k_B, None, None, None, None)
@@ -318,8 +324,8 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
     proposal = drafter.propose(gamma=gamma, **propose_kwargs)
     decode = _after_drafting(drafter, decode, proposal)
     evidence_B = jnp.clip(proposal.num_drafts_B, 0, gamma).astype(jnp.int32)
-    index, k_B = draft_length.choose(policy, costs_N, state.history, evidence_B, live_B,
-                                     remaining_B)
+    index, k_B = draft_length.choose(policy, costs['total_N'], state.history, evidence_B,
+                                     live_B, remaining_B)
     branches = [functools.partial(_verify_branch, loop, n, target_params, keys_B, max_new_B,
                                   proposal) for n in policy.buckets]
     carry = _Branch(decode, proposal.state, k_B, None, None, None, None)
@@ -346,7 +352,7 @@ def _step(loop: program_lib.Loop, target_params, drafter_params, costs_N, keys_B
   return SpecState(new, drafter_state, history, counters)
 
 
-def program(loop: program_lib.Loop, target_params, drafter_params, costs_N, tokens_BxS,
+def program(loop: program_lib.Loop, target_params, drafter_params, costs, tokens_BxS,
             lengths_B, max_new_B, keys_B, active_B):
   target, drafter, gamma = loop.target, loop.drafter, loop.gamma
   decode, out = prefill_lib.start(target, target_params, tokens_BxS, lengths_B, max_new_B, keys_B,
@@ -369,7 +375,7 @@ def program(loop: program_lib.Loop, target_params, drafter_params, costs_N, toke
   def cond(s: SpecState):
     return running(s.decode)
 
-  body = functools.partial(_step, loop, target_params, drafter_params, costs_N, keys_B, max_new_B)
+  body = functools.partial(_step, loop, target_params, drafter_params, costs, keys_B, max_new_B)
   state = jax.lax.while_loop(cond, body, state)
   c = state.counters
   return dict(tokens_BxS=state.decode.tokens_BxS, num_new_B=state.decode.num_new_B,
@@ -390,6 +396,7 @@ def check_gamma(gamma) -> int:
 
 def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
                 buckets: Sequence[int] = (), costs: Sequence[float] = (),
+                draft_costs: Sequence[float] = (),
                 finish_softness: float = draft_length.Policy.finish_softness,
                 outcome_samples: int = draft_length.Policy.outcome_samples,
                 pool_rows: bool = draft_length.Policy.pool_rows) -> draft_length.Policy:
@@ -403,7 +410,8 @@ def make_policy(gamma: int, batch: int, *, adaptive: bool = True,
     raise ValueError(f'adaptive draft-length buckets must run from 0 (a plain step) to '
                      f'gamma={gamma}, got {buckets}')
   costs = tuple(costs) or draft_length.roofline_costs(buckets, batch)
-  return draft_length.Policy(buckets=buckets, costs=costs, adaptive=True,
+  return draft_length.Policy(buckets=buckets, costs=costs, draft_costs=tuple(draft_costs),
+                             adaptive=True,
                              finish_softness=finish_softness, outcome_samples=outcome_samples,
                              pool_rows=pool_rows)
 
@@ -450,7 +458,7 @@ def generate(target: LanguageModel, target_params, drafter: Drafter,
                           policy=policy, tree=tree)
   out, wall_s = program_lib.run(program, loop, target_params, drafter.params, packed,
                                 max_new_tokens=max_new_tokens, seed=seed,
-                                data=np.asarray(policy.costs, np.float32), warm_up=warm_up)
+                                data=draft_length.cost_data(policy), warm_up=warm_up)
   active = packed.active_B
   return SpeculativeGeneration(
       new_tokens=batch_lib.new_tokens(out['tokens_BxS'], packed.lengths_B, out['num_new_B'],

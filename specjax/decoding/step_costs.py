@@ -18,7 +18,10 @@ sweep's first measurement gave 1.58 decode steps for a call over 3 positions
 and 1.59 over 5 at 896 cache slots; the same calls measured a few minutes
 later gave 1.07 and 1.24, and a policy holding the first figures drafts too
 little.) Drafting is timed from a state that the drafter's `init` made
-from a zero prompt: its cost depends on shapes, not on values.
+from a prompt of distinct tokens: a network's cost depends on shapes, not on
+values, and a hybrid (`drafters/hybrid.py`) finds no n-gram match in such a
+prompt, so what is timed is its network, the costly source. (A zero prompt
+matched everywhere, and a hybrid's drafting measured as free.)
 """
 
 from __future__ import annotations
@@ -104,18 +107,21 @@ def seconds_per_call(model, params, width: int, *, batch: int, num_slots: int,
                                      num_slots=num_slots, greedy=greedy)})['call']
 
 
-def _zero_prompt(batch: int, num_slots: int, gamma: int):
-  return (jnp.zeros((batch, num_slots), jnp.int32),
+def _distinct_prompt(batch: int, num_slots: int, gamma: int, vocab_size: int | None):
+  """Tokens 1, 2, 3, ... (no token repeats where the vocabulary allows) and each row's length."""
+  tokens_S = jnp.arange(num_slots) % ((vocab_size or num_slots + 1) - 1) + 1
+  return (jnp.broadcast_to(tokens_S, (batch, num_slots)).astype(jnp.int32),
           jnp.full((batch,), max(2, num_slots // 2 - gamma), jnp.int32))
 
 
 @functools.partial(jax.jit, static_argnames=('drafter', 'model', 'gamma', 'batch', 'num_slots'))
 def _draft_start(drafter: Drafter, model, drafter_params, params, *, gamma: int, batch: int,
                  num_slots: int):
-  """The drafter's state from a zero prompt, and the target's cache if it shares it."""
+  """The drafter's state from a prompt of distinct tokens, and the target's cache if it
+  shares it."""
   prompt_len = max(1, min(16, num_slots // 2))
   cfg = model.config
-  tokens_BxS, lengths_B = _zero_prompt(batch, num_slots, gamma)
+  tokens_BxS, lengths_B = _distinct_prompt(batch, num_slots, gamma, drafter.vocab_size)
   layers = len(drafter.hidden_layers)
   target_kwargs = {'target_params': params} if drafter.reads_target_params else {}
   view = TargetView(
@@ -136,7 +142,7 @@ def _draft_start(drafter: Drafter, model, drafter_params, params, *, gamma: int,
                    donate_argnames=('state', 'cache'))
 def _proposals(drafter: Drafter, drafter_params, params, state, cache, *, sampling, gamma: int,
                batch: int, num_slots: int):
-  tokens_BxS, lengths_B = _zero_prompt(batch, num_slots, gamma)
+  tokens_BxS, lengths_B = _distinct_prompt(batch, num_slots, gamma, drafter.vocab_size)
   target_kwargs = {'target_params': params} if drafter.reads_target_params else {}
   keys_B = jax.random.split(jax.random.key(0), batch)
 
@@ -192,6 +198,16 @@ def measure(model, params, buckets: Sequence[int], *, batch: int, num_slots: int
   """Relative cost of a step verifying n drafts, for each n in `buckets` (n = 0,
   a plain step, is 1.0); with a `drafter` whose drafts are costly, drafting the
   n tokens included."""
+  return measure_parts(model, params, buckets, batch=batch, num_slots=num_slots,
+                       drafter=drafter, sampling=sampling)[0]
+
+
+def measure_parts(model, params, buckets: Sequence[int], *, batch: int, num_slots: int,
+                  drafter: Drafter | None = None,
+                  sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig()
+                  ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """`measure`'s costs, and the part of each that is drafting (zeros for a drafter
+  whose drafts are free): what the policy's `costs` and `draft_costs` hold."""
   drafts = drafter is not None and drafter.costly_drafts
   greedy = sampling.greedy
   runs = {('call', 1): _call_run(model, params, 1, batch=batch, num_slots=num_slots,
@@ -205,7 +221,6 @@ def measure(model, params, buckets: Sequence[int], *, batch: int, num_slots: int
                                       num_slots=num_slots, sampling=sampling)
   seconds = _best_of(runs)
   base = seconds['call', 1]
-  return tuple(1.0 if n == 0 else
-               max(1.0, seconds['call', n + 1] / base) + (seconds['draft', n] / base if drafts
-                                                         else 0.0)
-               for n in buckets)
+  drafting = tuple(seconds['draft', n] / base if drafts and n else 0.0 for n in buckets)
+  return (tuple(1.0 if n == 0 else max(1.0, seconds['call', n + 1] / base) + d
+                for n, d in zip(buckets, drafting)), drafting)

@@ -35,6 +35,14 @@ verifying each width, and proposes only that many drafts: a plain step drafts
 nothing. A free drafter (n-gram lookup) drafts first and reports its evidence,
 and the width is chosen from that (`decoding/draft_length.py`).
 
+  plan(*, params, state, tokens_BxS, lengths_B) -> Plan      (optional)
+      For a drafter with costly drafts whose rows draft from sources of
+      different cost and acceptance (a hybrid: n-gram lookup where the
+      context has a match, free; its network elsewhere): before the width
+      is chosen, each row's acceptance rate for the source that will draft
+      it and which rows will run the network. The loop weighs a step in
+      which no live row runs it at the cost of verifying alone.
+
 All functions run inside the one compiled decoding loop, so shapes are fixed
 and every count is data. Hidden states a drafter reads come from the
 target's forward pass (`hidden_layers` names the layers it wants beside the
@@ -113,6 +121,19 @@ class TreeProposal:
   shared_cache: Any = None
 
 
+@flax.struct.dataclass
+class Plan:
+  """What a drafter with costly drafts says before the loop chooses the width.
+
+  acceptance_B: each row's estimated acceptance rate per draft, for the source
+    that will draft it (what `draft_length.History.acceptance` gives).
+  costly_B: the rows whose drafts will run the network.
+  """
+
+  acceptance_B: Array
+  costly_B: Array
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Drafter:
   name: str
@@ -126,6 +147,7 @@ class Drafter:
   reads_target_params: bool = False   # init / update / propose get target_params=
   propose_tree: Callable[..., TreeProposal] | None = None  # None: chain-shaped trees only
   costly_drafts: bool = False   # each draft runs a network: choose the width before drafting
+  plan: Callable[..., Plan] | None = None   # costly drafts from sources of different cost
 
 
 def no_state_init(*, params, target: TargetView):

@@ -36,7 +36,16 @@ as n-gram lookup alone does, ran the network in every step: a never-drafting
 loop cost 1.47 decode steps a step against EAGLE's own 1.15,
 benchmarks/plain_step_overhead.py, 6 December 2026). Each row then verifies
 at most its evidence: gamma for a row drafted by lookup, the network
-drafter's own (its confident prefix) otherwise. Under sampling a lookup row's q is one-hot at
+drafter's own (its confident prefix) otherwise.
+
+Before that choice the hybrid `plan`s: it looks up each row's match (cheap)
+and tells the loop which rows will run the network and each row's
+acceptance rate for its own source, so a step that only copies is weighed at
+the cost of verifying alone and by lookup's record, and a step that runs the
+network at the cost of drafting too and by the network's record. With one
+history and one cost table the loop weighed both sources alike: a copy that
+costs nothing to draft, and an EAGLE draft, of which 4 cost 0.24-0.31 of a
+decode step on a 2-core Xeon, accepted less often (`decoding/draft_length.py`). Under sampling a lookup row's q is one-hot at
 its drafts, the network drafter's q elsewhere, so the acceptance rule stays
 exact (the choice of source depends only on past calls).
 
@@ -166,6 +175,14 @@ def make(settings: Settings, fallback: base.Drafter) -> base.Drafter:
     return matched_B & (state.lookup_history.acceptance(_HISTORY)
                         >= state.network_history.acceptance(_HISTORY))
 
+  def plan(*, params, state: State, tokens_BxS, lengths_B):
+    del params
+    _, matched_B = ngram_lib.propose_ngram(tokens_BxS, lengths_B, 1, lookup.max_n, lookup.min_n)
+    by_lookup_B = use_lookup(state, matched_B > 0)
+    acceptance_B = jnp.where(by_lookup_B, state.lookup_history.acceptance(_HISTORY),
+                             state.network_history.acceptance(_HISTORY))
+    return base.Plan(acceptance_B, ~by_lookup_B)
+
   def propose(*, params, state: State, tokens_BxS, lengths_B, keys_B, sampling, gamma,
               shared=None, **target):
     ngram_BxG, matched_B = ngram_lib.propose_ngram(tokens_BxS, lengths_B, gamma, lookup.max_n,
@@ -212,4 +229,4 @@ def make(settings: Settings, fallback: base.Drafter) -> base.Drafter:
   return dataclasses.replace(
       fallback, name='hybrid', init=init, update=update, propose=propose,
       propose_tree=propose_tree if fallback.propose_tree is not None else None,
-      costly_drafts=fallback.costly_drafts)
+      costly_drafts=fallback.costly_drafts, plan=plan if fallback.costly_drafts else None)

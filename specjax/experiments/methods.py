@@ -127,16 +127,18 @@ def _policy(model, params, config: ExperimentConfig, drafter, shape_BxS: tuple[i
   if not settings.get('adaptive', True):
     return draft_length.fixed(config.gamma)
   buckets = tuple(settings.get('buckets', ())) or draft_length.default_buckets(config.gamma)
-  costs = tuple(settings.get('costs', ()))
+  costs, draft_costs = tuple(settings.get('costs', ())), ()
   if not costs:
     batch, num_slots = shape_BxS
-    costs = step_costs.measure(model, params, buckets, batch=batch, num_slots=num_slots,
-                               drafter=drafter, sampling=config.sampling)
+    costs, draft_costs = step_costs.measure_parts(model, params, buckets, batch=batch,
+                                                  num_slots=num_slots, drafter=drafter,
+                                                  sampling=config.sampling)
     logging.info('%s step costs for batch %d, %d slots, drafts %s: %s%s', drafter.name, batch,
                  num_slots, buckets, ', '.join(f'{c:.2f}' for c in costs),
-                 ' (drafting included)' if drafter.costly_drafts else '')
+                 f' (drafting included: {", ".join(f"{d:.2f}" for d in draft_costs)})'
+                 if drafter.costly_drafts else '')
   return speculative.make_policy(
-      config.gamma, shape_BxS[0], buckets=buckets, costs=costs,
+      config.gamma, shape_BxS[0], buckets=buckets, costs=costs, draft_costs=draft_costs,
       finish_softness=settings.get('finish_softness', draft_length.Policy.finish_softness),
       outcome_samples=settings.get('outcome_samples', draft_length.Policy.outcome_samples),
       pool_rows=settings.get('pool_rows', draft_length.Policy.pool_rows))

@@ -10,8 +10,8 @@ only in a step where some row lacks a match: at batch 1 a step that copies
 costs nothing to draft.
 
 The network drafter keeps its own state and is updated after every target
-call, so it must read a call as a whole, whatever drafted it: EAGLE reruns
-its layer over the call's positions with the target's features, Medusa reads
+call, so it must read a call as a whole, whatever drafted it: EAGLE writes
+its keys over the call's positions from the target's features, Medusa reads
 the hidden state at the accepted count, the self-drafters share the target's
 cache, which the verify pass rewrites, and a draft model (the distilled one)
 feeds its own cache every token the call committed (`draft_model.py`).

@@ -48,6 +48,9 @@ DRAFTERS = flags.DEFINE_list('drafters', ['ngram', 'eagle', 'hybrid'],
                              'ngram, eagle, hybrid (n-gram lookup over the shipped EAGLE).')
 NEVER_DRAFTS = flags.DEFINE_bool('never_drafts', False,
                                  'Also time each drafter with drafting priced out.')
+DRAFT_VOCAB_SIZES = flags.DEFINE_list('draft_vocab_sizes', ['0'],
+                                      "eagle.draft_vocab_size values to time EAGLE and the hybrid "
+                                      "with (0: the drafter's whole draft vocabulary).")
 UNPLANNED = flags.DEFINE_bool('unplanned', False,
                               'Also time the hybrid without its plan, as before 7 December 2026: '
                               'one history for both sources and every step priced without the '
@@ -57,15 +60,22 @@ UNPLANNED = flags.DEFINE_bool('unplanned', False,
 _PRICED_OUT = draft_length.Policy(buckets=(0, 2, 4), costs=(1.0, 50.0, 60.0))
 
 
-def _drafter(name, model, params):
+def _drafters(name, model, params):
+  """(label, drafter) of `name`, one per draft vocabulary size for EAGLE and the hybrid."""
   if name == 'ngram':
-    return make_drafter('ngram', target=model)
+    return [('ngram', make_drafter('ngram', target=model))]
+  if name not in ('eagle', 'hybrid'):
+    sys.exit(f'unknown drafter {name!r}: one of ngram, eagle, hybrid')
   trained = served.shipped_eagle(model)
-  if name == 'eagle':
-    return make_drafter('eagle', target=model, trained=trained, target_params=params)
-  if name == 'hybrid':
-    return make_drafter('hybrid', target=model, trained=trained, target_params=params)
-  sys.exit(f'unknown drafter {name!r}: one of ngram, eagle, hybrid')
+  out = []
+  for size in (int(n) for n in DRAFT_VOCAB_SIZES.value):
+    eagle_settings = {'draft_vocab_size': size}
+    drafter = (make_drafter('eagle', target=model, trained=trained, target_params=params,
+                            settings=eagle_settings) if name == 'eagle' else
+               make_drafter('hybrid', target=model, trained=trained, target_params=params,
+                            fallback_settings=eagle_settings))
+    out.append((name + (f' (draft vocab {size})' if size else ''), drafter))
+  return out
 
 
 def main(argv):
@@ -85,16 +95,16 @@ def main(argv):
   buckets = draft_length.default_buckets(gamma)
   measured = {}
 
-  def measured_policy(drafter, slots, drafting_known=True):
+  def measured_policy(label, drafter, slots, drafting_known=True):
     """The policy a run builds for this cache length (`experiments/methods._policy`);
     without `drafting_known`, every step priced without the drafting part."""
-    if (drafter.name, slots) not in measured:
+    if (label, slots) not in measured:
       costs, draft_costs = step_costs.measure_parts(model, params, buckets, batch=1,
                                                     num_slots=slots, drafter=drafter)
-      print(f'{drafter.name}, {slots} slots: costs {", ".join(f"{c:.2f}" for c in costs)} '
+      print(f'{label}, {slots} slots: costs {", ".join(f"{c:.2f}" for c in costs)} '
             f'(drafting {", ".join(f"{c:.2f}" for c in draft_costs)})')
-      measured[drafter.name, slots] = costs, draft_costs
-    costs, draft_costs = measured[drafter.name, slots]
+      measured[label, slots] = costs, draft_costs
+    costs, draft_costs = measured[label, slots]
     if not drafting_known:
       costs, draft_costs = tuple(c - d for c, d in zip(costs, draft_costs)), ()
     return speculative.make_policy(gamma, 1, buckets=buckets, costs=costs,
@@ -112,16 +122,20 @@ def main(argv):
 
   runs = {'autoregressive': lambda: over_prompts(lambda i: autoregressive.generate(
       model, params, packed[i], max_new_tokens=MAX_NEW.value))}
-  for name in DRAFTERS.value:
-    drafter = _drafter(name, model, params)
-    runs[name] = speculative_run(drafter, [measured_policy(drafter, p.tokens_BxS.shape[1])
-                                           for p in packed])
-    if name == 'hybrid' and UNPLANNED.value:
-      runs['hybrid, unplanned'] = speculative_run(
+  for label, drafter in [d for name in DRAFTERS.value for d in _drafters(name, model, params)]:
+    runs[label] = speculative_run(drafter, [measured_policy(label, drafter, p.tokens_BxS.shape[1])
+                                            for p in packed])
+    if drafter.name == 'hybrid' and UNPLANNED.value:
+      runs[label + ', unplanned'] = speculative_run(
           dataclasses.replace(drafter, plan=None),
-          [measured_policy(drafter, p.tokens_BxS.shape[1], drafting_known=False) for p in packed])
+          [measured_policy(label, drafter, p.tokens_BxS.shape[1], drafting_known=False)
+           for p in packed])
     if NEVER_DRAFTS.value:
-      runs[name + ', never drafts'] = speculative_run(drafter, [_PRICED_OUT] * len(packed))
+      runs[label + ', never drafts'] = speculative_run(drafter, [_PRICED_OUT] * len(packed))
+  # The cost-measuring programs are not needed again; every compiled program stays mapped
+  # in memory, and with them 13 tasks x 7 drafters ran past the kernel's limit of memory
+  # maps (LLVM: 'Cannot allocate memory').
+  jax.clear_caches()
   first = {name: run() for name, run in runs.items()}   # compiles
   for name, (_, tokens, _) in first.items():
     if tokens != first['autoregressive'][1]:

@@ -113,7 +113,9 @@ def get_config(arg=None):
   # directory `python -m specjax.train --config=configs/train_eagle.py` wrote. window: how far
   # back it attends, -1 = the length it was trained on, 0 = no limit. weights: 'int8' (its
   # matrices rounded to int8 blocks, read at a quarter of the bytes) or 'float32' as trained.
-  c.eagle = dict(checkpoint='embedded', min_confidence=0.0, window=-1, weights='int8')
+  # draft_vocab_size: score only the first N of its draft vocabulary (ranked by frequency); 0 all.
+  c.eagle = dict(checkpoint='embedded', min_confidence=0.0, window=-1, weights='int8',
+                 draft_vocab_size=4096)
   # N-gram lookup where the context has a match, `drafter` (eagle, medusa, draft_model,
   # layer_skip or early_exit, with its own entry above) where it has none. choose: for a
   # row with a match, 'lookup' copies at every match, 'history' copies while lookup's

@@ -159,6 +159,39 @@ def test_greedy_eagle_equals_greedy_autoregressive(gamma, vocab_ids, window):
   assert alone.new_tokens == [greedy_reference()[2]]
 
 
+def test_a_shorter_draft_vocabulary_drafts_only_its_first_ids_and_keeps_greedy_output():
+  """eagle.draft_vocab_size scores the first N ids of the draft vocabulary: every
+  draft is one of them (with all of SUBSET some are not), and the output is
+  unchanged."""
+  first = 8
+  seen = {}
+  for size in (0, first):
+    drafter, drafts = _recording(eagle.make(
+        TARGET, NET, LAYERS, eagle.Settings(draft_vocab_size=size), vocab_ids_N=SUBSET,
+        target_params=TARGET_PARAMS))
+    out = speculative.generate(PADDED, TARGET_PARAMS, drafter, PROMPTS, gamma=3,
+                               max_new_tokens=MAX_NEW, eos_ids=(eos_id(),),
+                               policy=draft_length.fixed(3))
+    assert out.new_tokens == greedy_reference()
+    seen[size] = set(np.concatenate([d.ravel() for d, _, _ in drafts]).tolist())
+  assert seen[first] <= set(SUBSET[:first].tolist())
+  assert not seen[0] <= set(SUBSET[:first].tolist())
+
+
+def test_the_draft_vocabulary_size_is_a_cap():
+  """At most the first N ids: a larger N, 0, or a drafter over the full vocabulary
+  scores all it has; a negative N is an error."""
+  with pytest.raises(ValueError, match=r'draft_vocab_size must be >= 0'):
+    eagle.Settings(draft_vocab_size=-1)
+  served = lambda size, ids: eagle.make(  # noqa: E731
+      TARGET, NET, LAYERS, eagle.Settings(draft_vocab_size=size), vocab_ids_N=ids,
+      target_params=TARGET_PARAMS).params['ids_N']
+  np.testing.assert_array_equal(served(5, SUBSET), SUBSET[:5])
+  np.testing.assert_array_equal(served(9999, SUBSET), SUBSET)
+  np.testing.assert_array_equal(served(0, SUBSET), SUBSET)
+  assert served(5, None) is None
+
+
 # ---------------------------------------------------- the int8 form of the layer
 
 def test_the_int8_form_rounds_each_block_to_127_steps_of_its_largest_weight():

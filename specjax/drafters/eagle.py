@@ -76,12 +76,26 @@ class Settings:
     (`eagle_net.with_int8_form`), which the CPU kernel reads at a quarter of the
     bytes: on 8 raw-text Spec-Bench prompts, interleaved on a 2-core Xeon, a
     chain of 4 ran 1.13x of plain decoding against 1.07x as trained, accepting
-    231 drafts against 230 (6 December 2026). 'float32' serves it as trained."""
+    231 drafts against 230 (6 December 2026). 'float32' serves it as trained.
+  draft_vocab_size: score at most the first N ids of the drafter's draft
+    vocabulary (ranked by how often the target produced each token,
+    `build_draft_vocab`); 0 scores all of them, as does a drafter trained over
+    the full vocabulary (whose ids are not ranked). The head over the draft vocabulary is most of what a
+    draft reads (16,384 x 640 = 10.5M int8 weights, against the layer's 5.8M),
+    and the shipped drafter's vocabulary holds the 4,820 tokens the target
+    produced in calibration, then a tail ranked by prompt counts and id. With
+    the first 4,096, 4 drafts cost 0.18-0.24 of a decode step against 0.25-0.34
+    on a 2-core Xeon, and the hybrid over it ran 1.43x against 1.38x with all
+    16,384 (n-gram lookup 1.41x; the first prompt of 13 raw-text Spec-Bench
+    tasks, interleaved, `benchmarks/drafter_speed.py`, 7 December 2026), though
+    the target's greedy tokens there are in the first 4,096 80% of the time
+    against 90%."""
 
   checkpoint: str = 'embedded'
   min_confidence: float = 0.0
   window: int = -1
   weights: str = 'int8'
+  draft_vocab_size: int = 4096
 
   def __post_init__(self):
     if not 0.0 <= self.min_confidence < 1.0:
@@ -91,6 +105,9 @@ class Settings:
                        f'got {self.window}')
     if self.weights not in WEIGHTS:
       raise ValueError(f'weights must be one of {", ".join(WEIGHTS)}, got {self.weights!r}')
+    if self.draft_vocab_size < 0:
+      raise ValueError(f'draft_vocab_size must be >= 0 (0: all of the drafter\'s), '
+                       f'got {self.draft_vocab_size}')
 
 
 def _at(x_BxTxD: Array, index_B: Array) -> Array:
@@ -119,6 +136,8 @@ def make(target: LanguageModel, net: dict[str, Any], hidden_layers: tuple[int, .
   if target_params is None:
     raise ValueError('the eagle drafter needs the target params to gather its head from')
   ids = draft_vocab.checked_ids(vocab_ids_N, cfg.vocab_size, 'eagle draft')
+  if settings.draft_vocab_size and ids is not None:
+    ids = ids[:settings.draft_vocab_size]
   # A draft vocabulary's rows are gathered once here; the full table is read where it is.
   head_NxD, head_q8 = (None, None) if ids is None else draft_vocab.head_rows(target_params, ids)
   net = dict(net)

@@ -21,7 +21,6 @@ the ratios are against the baseline of the same run.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import sys
@@ -29,14 +28,11 @@ import sys
 from absl import app
 from absl import flags
 import jax
-import numpy as np
 
-from specjax import compile_cache
 from specjax.decoding import autoregressive, draft_length, program, speculative, step_costs
 from specjax.drafters import make_drafter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
 import served  # noqa: E402  pylint: disable=g-import-not-at-top
 
 PROMPTS = flags.DEFINE_string('prompts', served.SPEC_BENCH, 'Spec-Bench question.jsonl.')
@@ -80,14 +76,7 @@ def _drafters(name, model, params):
 
 def main(argv):
   del argv
-  compile_cache.enable()
-  print(cpu_info.describe())
-  first_of_task = {}
-  for p in served.spec_bench_prompts(PROMPTS.value):
-    first_of_task.setdefault(p.category, p)
-  chosen = list(first_of_task.values())[:TASKS.value]
-  model, params, tokenizer = served.target()
-  ids = [[tokenizer.encode(p.text, add_bos=True)] for p in chosen]
+  chosen, model, params, ids = served.start(PROMPTS.value, TASKS.value)
 
   gamma = GAMMA.value
   packed = [program.pack(model, one, max_new_tokens=MAX_NEW.value, extra_slots=gamma + 1)
@@ -136,15 +125,7 @@ def main(argv):
   # in memory, and with them 13 tasks x 7 drafters ran past the kernel's limit of memory
   # maps (LLVM: 'Cannot allocate memory').
   jax.clear_caches()
-  first = {name: run() for name, run in runs.items()}   # compiles
-  for name, (_, tokens, _) in first.items():
-    if tokens != first['autoregressive'][1]:
-      sys.exit(f'{name}: the output differs from autoregressive decoding')
-  seconds = collections.defaultdict(list)
-  for _ in range(REPEATS.value):
-    for name, run in runs.items():
-      seconds[name].append(run()[0])
-  base = np.asarray(seconds['autoregressive'])
+  first, seconds = served.interleaved(runs, REPEATS.value)
   new_tokens = sum(len(t) for t in first['autoregressive'][1])
   print(f'\njax {jax.__version__}, Gemma 3 270M float32 (served with its int8 forms), greedy, '
         f'batch 1, gamma {gamma}, {len(ids)} prompts '
@@ -154,12 +135,10 @@ def main(argv):
         'speedup, median |')
   print('|---|---|---|---|---|')
   for name in runs:
-    mine = np.asarray(seconds[name])
-    ratio = np.median(mine) / np.median(base)
+    ratio, fastest = served.over_autoregressive(seconds, name)
     calls = first[name][2]
     per_call = f'{new_tokens / calls:.2f}' if calls else '1.00'
-    print(f'| {name} | {per_call} | {ratio:.3f} | {mine.min() / base.min():.3f} | '
-          f'{1 / ratio:.2f}x |')
+    print(f'| {name} | {per_call} | {ratio:.3f} | {fastest:.3f} | {1 / ratio:.2f}x |')
 
 
 if __name__ == '__main__':

@@ -16,21 +16,17 @@ model and flags. Greedy outputs are checked identical to autoregressive decoding
 
 from __future__ import annotations
 
-import collections
 import os
 import sys
 
 from absl import app
 from absl import flags
 import jax
-import numpy as np
 
-from specjax import compile_cache
 from specjax.decoding import autoregressive, draft_length, speculative
 from specjax.drafters import make_drafter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
 import served  # noqa: E402  pylint: disable=g-import-not-at-top
 
 PROMPTS = flags.DEFINE_string('prompts', served.SPEC_BENCH, 'Spec-Bench question.jsonl.')
@@ -45,14 +41,7 @@ NEVER_DRAFTS = draft_length.Policy(buckets=(0, 2, 4), costs=(1.0, 50.0, 60.0))
 
 def main(argv):
   del argv
-  compile_cache.enable()
-  print(cpu_info.describe())
-  first_of_task = {}
-  for p in served.spec_bench_prompts(PROMPTS.value):
-    first_of_task.setdefault(p.category, p)
-  chosen = list(first_of_task.values())[:TASKS.value]
-  model, params, tokenizer = served.target()
-  ids = [[tokenizer.encode(p.text, add_bos=True)] for p in chosen]
+  chosen, model, params, ids = served.start(PROMPTS.value, TASKS.value)
   trained = served.shipped_eagle(model)
 
   def over_prompts(run):
@@ -69,25 +58,15 @@ def main(argv):
       runs[f'{weights}, {label}'] = lambda drafter=drafter, policy=policy: over_prompts(
           lambda one: speculative.generate(model, params, drafter, one, gamma=GAMMA,
                                            max_new_tokens=MAX_NEW.value, policy=policy))
-  first = {name: run() for name, run in runs.items()}   # compiles
-  for name, (_, tokens, _) in first.items():
-    if tokens != first['autoregressive'][1]:
-      sys.exit(f'{name}: the output differs from autoregressive decoding')
-  seconds = collections.defaultdict(list)
-  for _ in range(REPEATS.value):
-    for name, run in runs.items():
-      seconds[name].append(run()[0])
-  base = np.asarray(seconds['autoregressive'])
+  first, seconds = served.interleaved(runs, REPEATS.value)
   print(f'jax {jax.__version__}, Gemma 3 270M float32, the shipped EAGLE drafter, greedy, '
         f'{len(ids)} prompts ({", ".join(p.category for p in chosen)}), {MAX_NEW.value} new tokens, '
         f'{REPEATS.value} interleaved rounds\n')
   print('| run | accepted drafts | time over autoregressive, median | fastest | speedup, median |')
   print('|---|---|---|---|---|')
   for name in runs:
-    mine = np.asarray(seconds[name])
-    ratio = np.median(mine) / np.median(base)
-    print(f'| {name} | {first[name][2]} | {ratio:.3f} | {mine.min() / base.min():.3f} | '
-          f'{1 / ratio:.2f}x |')
+    ratio, fastest = served.over_autoregressive(seconds, name)
+    print(f'| {name} | {first[name][2]} | {ratio:.3f} | {fastest:.3f} | {1 / ratio:.2f}x |')
 
 
 if __name__ == '__main__':

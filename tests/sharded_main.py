@@ -16,6 +16,7 @@ import jax  # noqa: E402  (must follow XLA_FLAGS)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from specjax import compile_cache  # noqa: E402
 from specjax import sharding  # noqa: E402
 from specjax import sampling
 from specjax.cpu_kernels import q8_amx  # noqa: E402
@@ -53,6 +54,10 @@ def forward_max_diff(cfg, data, model_size):
 
 
 def main():
+  # The tests' compiled programs on disk, as conftest.py keeps them (keyed by the 8
+  # devices too): a later suite reads these ~40 programs back instead of compiling them.
+  compile_cache.enable(compile_cache.default_dir().with_name('jax-compile-tests'),
+                       min_compile_time_s=0.1)
   results = {'devices': jax.device_count()}
   for kv in (1, 2, 4):
     cfg = config_lib.tiny_config(num_kv_heads=kv)

@@ -14,6 +14,8 @@ import sys
 
 from specjax import compile_cache
 
+from cache_dirs import fresh_cache_dir
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 CHILD = '''
@@ -40,6 +42,8 @@ def _run_child(tmp_path, output_dir):
   """A tiny-model experiment (baseline and ngram) in a fresh process: its cache events."""
   prompts = tmp_path / 'prompts.jsonl'
   prompts.write_text(json.dumps({'id': 'p1', 'prompt': 'abc abc abc'}) + '\n')
+  if not (tmp_path / 'cpu-kernels').exists():
+    fresh_cache_dir(tmp_path)
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'SPECJAX_CACHE_DIR': str(tmp_path)}
   result = subprocess.run([sys.executable, '-c', CHILD, str(prompts), str(tmp_path / output_dir)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -26,6 +26,8 @@ from specjax.drafters import draft_vocab
 from specjax.checkpoints import weight_cache
 from specjax.tokenizer import Tokenizer
 
+from cache_dirs import fresh_cache_dir
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = ROOT / 'configs' / 'gemma.py'
 # Fails fast only if no weight is read: converting the 270M GGUF takes 15-35 s.
@@ -34,8 +36,9 @@ BAD_INPUT_SECONDS = 15
 
 @pytest.fixture(scope='module')
 def cache_dir(tmp_path_factory) -> pathlib.Path:
-  """A weight cache holding the embedded model's tokenizer and nothing else."""
-  cache = tmp_path_factory.mktemp('cache')
+  """A weight cache holding the embedded model's tokenizer and nothing else (and the
+  built CPU kernels, tests/cache_dirs.py)."""
+  cache = fresh_cache_dir(tmp_path_factory.mktemp('cache'))
   shared = weight_cache.default_cache_dir() / 'tokenizers'
   if shared.is_dir():
     shutil.copytree(shared, cache / 'tokenizers')
@@ -168,7 +171,7 @@ def test_a_second_run_is_refused_and_ctrl_c_in_a_compile_keeps_every_row(tmp_pat
           '--config.output_dir=out']
   # A cache of A's own: with the module's cache, an earlier test's compiled ngram
   # program is read back in milliseconds and A can finish before SIGINT arrives.
-  cache_a = tmp_path / 'cache-a'
+  cache_a = fresh_cache_dir(tmp_path / 'cache-a')
   shutil.copytree(cache_dir / 'tokenizers', cache_a / 'tokenizers')
   log = (tmp_path / 'a.log').open('w+')
   a = subprocess.Popen([sys.executable, '-m', 'specjax.run', *args], cwd=tmp_path,

@@ -25,6 +25,8 @@ from specjax.experiments import sweep_cells
 from specjax.experiments import sweep_runner
 from specjax.experiments.config import ConfigError
 
+from cache_dirs import fresh_cache_dir
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GEMMA_CONFIG = ROOT / 'configs' / 'gemma.py'
 
@@ -212,7 +214,8 @@ def test_a_killed_sweep_restarts_and_ends_with_one_record_per_cell(tmp_path):
   config_file = tmp_path / 'tiny_sweep.py'
   config_file.write_text(SWEEP_FILE.format(gemma=str(GEMMA_CONFIG),
                                            prompts=prompts, out=str(out)))
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'SPECJAX_CACHE_DIR': str(tmp_path / 'cache')}
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
+         'SPECJAX_CACHE_DIR': str(fresh_cache_dir(tmp_path / 'cache'))}
   command = [sys.executable, '-m', 'specjax.sweep', f'--config={config_file}']
   out = tmp_path / 'out-sweep'   # the file's own output_dir, left as is: the sweep adds -sweep
   cells = out / 'cells.jsonl'

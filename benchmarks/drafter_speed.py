@@ -11,12 +11,14 @@ included for a costly drafter, `step_costs.measure_parts`) and, with
 `--never_drafts`, with drafting priced out (every step plain: what the
 drafter costs the loop when it drafts nothing). Outputs are checked identical;
 prints the median and fastest time over autoregressive decoding's, the speedup,
-and tokens per target call, with the CPU model and flags. To compare two
+and tokens per target call, with the CPU model and flags; `--per_task` adds each
+task's speedup and tokens per call. To compare two
 versions of the code, run it in each (a `git worktree` of the other commit):
 the ratios are against the baseline of the same run.
 
   .venv/bin/python benchmarks/drafter_speed.py --drafters=ngram,eagle,hybrid --never_drafts
   .venv/bin/python benchmarks/drafter_speed.py --drafters=ngram,hybrid --unplanned --repeats=7
+  .venv/bin/python benchmarks/drafter_speed.py --tasks=13 --drafters=ngram,hybrid --per_task
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 from absl import app
 from absl import flags
 import jax
+import numpy as np
 
 from specjax.decoding import autoregressive, draft_length, program, speculative, step_costs
 from specjax.drafters import make_drafter
@@ -47,6 +50,8 @@ NEVER_DRAFTS = flags.DEFINE_bool('never_drafts', False,
 DRAFT_VOCAB_SIZES = flags.DEFINE_list('draft_vocab_sizes', ['0'],
                                       "eagle.draft_vocab_size values to time EAGLE and the hybrid "
                                       "with (0: the drafter's whole draft vocabulary).")
+PER_TASK = flags.DEFINE_bool('per_task', False,
+                             'Also print each task\'s speedup and tokens per call.')
 UNPLANNED = flags.DEFINE_bool('unplanned', False,
                               'Also time the hybrid without its plan, as before 7 December 2026: '
                               'one history for both sources and every step priced without the '
@@ -100,9 +105,10 @@ def main(argv):
                                    draft_costs=draft_costs)
 
   def over_prompts(run):
+    """(seconds per prompt, outputs, target calls per prompt), the prompts in turn."""
     outs = [run(i) for i in range(len(ids))]
-    calls = sum(sum(getattr(o, 'target_calls', [0])) for o in outs)
-    return sum(o.wall_s for o in outs), [o.new_tokens[0] for o in outs], calls
+    return (np.array([o.wall_s for o in outs]), [o.new_tokens[0] for o in outs],
+            [sum(getattr(o, 'target_calls', [0])) for o in outs])
 
   def speculative_run(drafter, policies):
     return lambda: over_prompts(lambda i: speculative.generate(
@@ -125,8 +131,9 @@ def main(argv):
   # in memory, and with them 13 tasks x 7 drafters ran past the kernel's limit of memory
   # maps (LLVM: 'Cannot allocate memory').
   jax.clear_caches()
-  first, seconds = served.interleaved(runs, REPEATS.value)
-  new_tokens = sum(len(t) for t in first['autoregressive'][1])
+  first, seconds_P = served.interleaved(runs, REPEATS.value)
+  seconds = {name: [float(s.sum()) for s in rounds] for name, rounds in seconds_P.items()}
+  new_tokens_P = [len(t) for t in first['autoregressive'][1]]
   print(f'\njax {jax.__version__}, Gemma 3 270M float32 (served with its int8 forms), greedy, '
         f'batch 1, gamma {gamma}, {len(ids)} prompts '
         f'({", ".join(p.category for p in chosen)}), {MAX_NEW.value} new tokens, '
@@ -136,9 +143,23 @@ def main(argv):
   print('|---|---|---|---|---|')
   for name in runs:
     ratio, fastest = served.over_autoregressive(seconds, name)
-    calls = first[name][2]
-    per_call = f'{new_tokens / calls:.2f}' if calls else '1.00'
-    print(f'| {name} | {per_call} | {ratio:.3f} | {fastest:.3f} | {1 / ratio:.2f}x |')
+    print(f'| {name} | {_per_call(sum(new_tokens_P), sum(first[name][2]))} | {ratio:.3f} | '
+          f'{fastest:.3f} | {1 / ratio:.2f}x |')
+  if PER_TASK.value:
+    names = [n for n in runs if n != 'autoregressive']
+    print('\nPer task: speedup (median over rounds of the prompt\'s time, against '
+          'autoregressive decoding\'s), and tokens per target call\n')
+    print('| task | ' + ' | '.join(names) + ' |')
+    print('|---|' + '---|' * len(names))
+    for i, prompt in enumerate(chosen):
+      base = np.median([s[i] for s in seconds_P['autoregressive']])
+      cells = [f'{base / np.median([s[i] for s in seconds_P[n]]):.2f}x '
+               f'({_per_call(new_tokens_P[i], first[n][2][i])})' for n in names]
+      print(f'| {prompt.category} | ' + ' | '.join(cells) + ' |')
+
+
+def _per_call(new_tokens: int, calls: int) -> str:
+  return f'{new_tokens / calls:.2f}' if calls else '1.00'
 
 
 if __name__ == '__main__':

@@ -68,10 +68,11 @@ def shipped_eagle(model: LanguageModel):
 
 
 def interleaved(runs: dict, repeats: int) -> tuple[dict, dict]:
-  """Each run (name -> () -> (seconds, outputs, anything)) once untimed, which compiles
-  it; exits if its outputs differ from those of the run named 'autoregressive'; then
-  `repeats` rounds that time every run once, in turn, so that a slow spell of the
-  machine falls on all of them alike. Returns (first results, seconds per run)."""
+  """Each run (name -> () -> (seconds, or an array of them, outputs, anything)) once
+  untimed, which compiles it; exits if its outputs differ from those of the run named
+  'autoregressive'; then `repeats` rounds that time every run once, in turn, so that a
+  slow spell of the machine falls on all of them alike. Returns (first results, each
+  run's seconds per round)."""
   first = {name: run() for name, run in runs.items()}
   for name, (_, outputs, _) in first.items():
     if outputs != first['autoregressive'][1]:

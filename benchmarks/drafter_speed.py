@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from specjax.decoding import autoregressive, draft_length, program, speculative, step_costs
+from specjax.drafters import eagle
 from specjax.drafters import make_drafter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,9 +48,10 @@ DRAFTERS = flags.DEFINE_list('drafters', ['ngram', 'eagle', 'hybrid'],
                              'ngram, eagle, hybrid (n-gram lookup over the shipped EAGLE).')
 NEVER_DRAFTS = flags.DEFINE_bool('never_drafts', False,
                                  'Also time each drafter with drafting priced out.')
-DRAFT_VOCAB_SIZES = flags.DEFINE_list('draft_vocab_sizes', ['0'],
+DRAFT_VOCAB_SIZES = flags.DEFINE_list('draft_vocab_sizes', [str(eagle.Settings.draft_vocab_size)],
                                       "eagle.draft_vocab_size values to time EAGLE and the hybrid "
-                                      "with (0: the drafter's whole draft vocabulary).")
+                                      "with (default: the product's; 0: the drafter's whole draft "
+                                      "vocabulary).")
 PER_TASK = flags.DEFINE_bool('per_task', False,
                              'Also print each task\'s speedup and tokens per call.')
 UNPLANNED = flags.DEFINE_bool('unplanned', False,
@@ -75,7 +77,8 @@ def _drafters(name, model, params):
                             settings=eagle_settings) if name == 'eagle' else
                make_drafter('hybrid', target=model, trained=trained, target_params=params,
                             fallback_settings=eagle_settings))
-    out.append((name + (f' (draft vocab {size})' if size else ''), drafter))
+    label = '' if size == eagle.Settings.draft_vocab_size else f' (draft vocab {size or "all"})'
+    out.append((name + label, drafter))
   return out
 
 

@@ -9,6 +9,8 @@ checkpoint name; the recipe is configs/train_medusa.py's, shrunk.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib.resources
 import json
 import os
 import pathlib
@@ -22,6 +24,8 @@ from specjax.checkpoints import CheckpointError
 from specjax.checkpoints import drafter_io
 from specjax.drafters import draft_vocab
 from specjax.drafters import medusa
+from specjax.experiments import prompts as prompts_lib
+from specjax.experiments.config import ConfigError
 from specjax.training import distill_data
 from specjax.training import medusa_objective as objective
 from specjax.training import trainer
@@ -456,7 +460,7 @@ def test_a_drafter_checkpoint_for_another_target_or_damaged_is_refused(tmp_path)
     ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24, 'shards': 2},
      "config.data: .*unexpected keyword argument 'shards'"),
     ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24, 'prompts': 'wiki'},
-     "config.data.prompts is 'wiki'; known: '' \\(BOS only\\), calibration"),
+     "config.data.prompts is 'wiki'; known: '' \\(BOS only\\), calibration, instructions"),
     ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24,
               'prompted_fraction': 0.5}, 'data.prompts must name a prompt set'),
     ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24,
@@ -465,6 +469,32 @@ def test_a_drafter_checkpoint_for_another_target_or_damaged_is_refused(tmp_path)
 def test_bad_training_config_values_are_named(tmp_path, key, value, message):
   with pytest.raises(ValueError, match=message):
     config(tmp_path, **{key: value})
+
+
+def test_the_training_prompt_sets_are_the_package_files_they_name():
+  for name, file in prompts_lib.PROMPT_SETS.items():
+    prompts, sha = prompts_lib.prompt_set(name)
+    text = (importlib.resources.files('specjax.prompts') / file).read_bytes()
+    assert sha == hashlib.sha256(text).hexdigest()   # the provenance a shard records
+    assert len({p.id for p in prompts}) == len(prompts) == text.count(b'\n')
+  instructions, _ = prompts_lib.prompt_set('instructions')
+  assert len(instructions) == 128
+  assert {p.category for p in instructions} == {
+      'writing', 'roleplay', 'reasoning', 'math', 'coding', 'extraction', 'stem', 'humanities',
+      'translation', 'summarization', 'qa', 'math_reasoning', 'rag'}
+  with pytest.raises(ConfigError, match="unknown prompt set 'wiki'; known: calibration, "
+                                        'instructions'):
+    prompts_lib.prompt_set('wiki')
+
+
+def test_the_instructions_recipe_is_a_valid_training_config():
+  cfg = trainer.TrainConfig.from_config(
+      config_files.load('train_eagle').get_config('instructions'))
+  assert cfg.drafter == 'eagle' and cfg.target == 'embedded:gemma3-270m'
+  data = distill_data.Recipe(target=cfg.target, target_sha256='', **cfg.data)
+  assert (data.prompts, data.prompted_fraction, data.seq_len) == ('instructions', 0.75, 256)
+  assert data.num_shards * data.sequences_per_shard * data.seq_len == 1 << 20
+  assert cfg.output_dir != config_files.load('train_eagle').get_config().output_dir
 
 
 def test_prompted_data_needs_a_target_with_a_tokenizer(tmp_path):

@@ -21,6 +21,14 @@ BUILTIN = 'builtin.jsonl'
 # Q&A), none from Spec-Bench: what a reduced draft vocabulary and a layer-skip set
 # are fitted on, so that Spec-Bench stays held out.
 CALIBRATION = 'calibration.jsonl'
+# Hand-written requests and questions of the kinds people put to a model (writing,
+# roleplay, puzzles, maths, code, extraction, science, humanities, translation,
+# summaries of short passages, facts, word problems, answers from a given passage),
+# 128 of them, none taken from Spec-Bench or MT-bench: training prompts whose text is
+# shaped like the prompts drafters are measured on.
+INSTRUCTIONS = 'instructions.jsonl'
+# The named prompt sets a drafter's training data may start from (`distill_data.Recipe`).
+PROMPT_SETS = {'calibration': CALIBRATION, 'instructions': INSTRUCTIONS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +56,16 @@ def load_prompts(path: str = '') -> list[Prompt]:
 
 def calibration_prompts() -> tuple[list[Prompt], str]:
   """The calibration prompts and the sha256 of their file (for provenance)."""
-  text = (importlib.resources.files('specjax.prompts') / CALIBRATION).read_text(encoding='utf-8')
-  return (parse_jsonl(text, f'specjax/prompts/{CALIBRATION}'),
-          hashlib.sha256(text.encode()).hexdigest())
+  return prompt_set('calibration')
+
+
+def prompt_set(name: str) -> tuple[list[Prompt], str]:
+  """A named prompt set of the package (`PROMPT_SETS`) and the sha256 of its file."""
+  if name not in PROMPT_SETS:
+    raise ConfigError(f'unknown prompt set {name!r}; known: {", ".join(PROMPT_SETS)}')
+  file = PROMPT_SETS[name]
+  text = (importlib.resources.files('specjax.prompts') / file).read_text(encoding='utf-8')
+  return parse_jsonl(text, f'specjax/prompts/{file}'), hashlib.sha256(text.encode()).hexdigest()
 
 
 def parse_jsonl(text: str, source: str) -> list[Prompt]:

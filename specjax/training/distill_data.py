@@ -11,9 +11,9 @@ continuation (what greedy verification accepts) or, for a share
 (what sampled verification accepts). A share `prompted_fraction` of the rows
 starts from a raw-text prompt instead of BOS alone (`prompts`: 'calibration' is
 specjax/prompts/calibration.jsonl, hand-written starts of code, news, dialogue,
-questions, maths and translation, none from Spec-Bench), so the data holds the
-kinds of text the target is asked to continue, not only what it writes
-unprompted; each row's `starts_N` is the first position the target wrote, and
+questions, maths and translation; 'instructions' is instructions.jsonl, hand-written
+requests and questions; none from Spec-Bench), so the data holds the kinds of text
+the target is asked to continue, not only what it writes unprompted; each row's `starts_N` is the first position the target wrote, and
 the objectives score only tokens the target wrote.
 
 Shard i is fully determined by (seed, i): rerunning a killed generation skips
@@ -40,6 +40,7 @@ import numpy as np
 
 from specjax import sampling as sampling_lib
 from specjax.decoding import autoregressive
+from specjax.experiments import prompts as prompts_lib
 
 FORMAT_VERSION = 1
 
@@ -58,7 +59,8 @@ class Recipe:
   seed: int = 0
   bos_id: int = 2
   eos_ids: tuple[int, ...] = (1, 106)   # Gemma's <eos> and <end_of_turn>: a sequence ends there
-  prompts: str = ''           # '' (BOS only) or 'calibration' (specjax/prompts/calibration.jsonl)
+  prompts: str = ''           # '' (BOS only) or a prompt set: 'calibration', 'instructions'
+                              # (specjax/prompts/<name>.jsonl)
   prompts_sha256: str = ''    # of the prompts file, filled in by whoever tokenizes it
   prompted_fraction: float = 0.0  # share of rows that start from a prompt
   start_top_p: float = 1.0    # nucleus of the sampled starts (1: the whole distribution)
@@ -98,7 +100,7 @@ class Recipe:
     return int(row * f) % num_prompts
 
 
-PROMPT_SETS = ('calibration',)
+PROMPT_SETS = tuple(prompts_lib.PROMPT_SETS)
 NEW_FIELDS = {'prompts': '', 'prompts_sha256': '', 'prompted_fraction': 0.0,
               'start_top_p': 1.0}  # absent from recipes written before they existed
 

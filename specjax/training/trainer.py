@@ -350,7 +350,7 @@ def _data_prompts(cfg: TrainConfig) -> tuple[list[list[int]], str]:
   from specjax.experiments import loading  # pylint: disable=g-import-not-at-top
   from specjax.experiments import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
   tokenizer = loading.load_tokenizer(_tokenizer_source(cfg.target))
-  prompts, sha = prompts_lib.calibration_prompts()
+  prompts, sha = prompts_lib.prompt_set(name)
   return [tokenizer.encode(p.text, add_bos=False) for p in prompts], sha
 
 

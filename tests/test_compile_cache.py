@@ -42,8 +42,6 @@ def _run_child(tmp_path, output_dir):
   """A tiny-model experiment (baseline and ngram) in a fresh process: its cache events."""
   prompts = tmp_path / 'prompts.jsonl'
   prompts.write_text(json.dumps({'id': 'p1', 'prompt': 'abc abc abc'}) + '\n')
-  if not (tmp_path / 'cpu-kernels').exists():
-    fresh_cache_dir(tmp_path)
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'SPECJAX_CACHE_DIR': str(tmp_path)}
   result = subprocess.run([sys.executable, '-c', CHILD, str(prompts), str(tmp_path / output_dir)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -56,6 +54,7 @@ def test_a_second_process_compiles_nothing(tmp_path):
   writes = '/jax/compilation_cache/cache_misses'  # JAX counts a miss when it writes the entry
   hits = '/jax/compilation_cache/cache_hits'
 
+  fresh_cache_dir(tmp_path)
   first = _run_child(tmp_path, 'first')
   cache_dir = pathlib.Path(first['path'])
   assert cache_dir == tmp_path / compile_cache.SUBDIR

@@ -81,7 +81,7 @@ def main(argv):
   source = (str(embedded.default_gguf_path()) if _MODEL.value.startswith('embedded:')
             else _MODEL.value)
   tokenizer = loading.load_tokenizer(source)
-  prompts, prompts_sha = prompts_lib.calibration_prompts()
+  prompts, prompts_sha = prompts_lib.prompt_set('calibration')
   ids = [tokenizer.encode(p.text, add_bos=True) for p in prompts]
   sampled = sampling_lib.SamplingConfig(temperature=_TEMPERATURE.value)
   kwargs = dict(max_new_tokens=_NEW.value, batch_size=_BATCH.value)

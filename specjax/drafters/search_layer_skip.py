@@ -131,7 +131,7 @@ def main(argv):
   vocab = draft_vocab_lib.resolve(_VOCAB.value, _VOCAB_SIZE.value,
                                   vocab_size=model_config.vocab_size,
                                   tokenizer=draft_vocab_lib.tokenizer_fingerprint(tokenizer))
-  prompts, prompts_sha = prompts_lib.calibration_prompts()
+  prompts, prompts_sha = prompts_lib.prompt_set('calibration')
   step = max(1, len(prompts) // _PROMPTS.value)
   chosen = prompts[::step][:_PROMPTS.value]
   ids = [tokenizer.encode(p.text, add_bos=True) for p in chosen]

@@ -54,11 +54,6 @@ def load_prompts(path: str = '') -> list[Prompt]:
   return parse_jsonl(source.read_text(encoding='utf-8'), f'specjax/prompts/{BUILTIN}')
 
 
-def calibration_prompts() -> tuple[list[Prompt], str]:
-  """The calibration prompts and the sha256 of their file (for provenance)."""
-  return prompt_set('calibration')
-
-
 def prompt_set(name: str) -> tuple[list[Prompt], str]:
   """A named prompt set of the package (`PROMPT_SETS`) and the sha256 of its file."""
   if name not in PROMPT_SETS:

@@ -13,8 +13,9 @@ starts from a raw-text prompt instead of BOS alone (`prompts`: 'calibration' is
 specjax/prompts/calibration.jsonl, hand-written starts of code, news, dialogue,
 questions, maths and translation; 'instructions' is instructions.jsonl, hand-written
 requests and questions; none from Spec-Bench), so the data holds the kinds of text
-the target is asked to continue, not only what it writes unprompted; each row's `starts_N` is the first position the target wrote, and
-the objectives score only tokens the target wrote.
+the target is asked to continue, not only what it writes unprompted; each row's
+`starts_N` is the first position the target wrote, and the objectives score only
+tokens the target wrote.
 
 Shard i is fully determined by (seed, i): rerunning a killed generation skips
 finished shards and writes the missing ones, so the data never holds a

@@ -60,6 +60,8 @@ def get_config(arg=None):
   c.log_every = 25
   c.seed = 0
   c.export_dtype = 'bfloat16'
+  # '' starts from random weights; a drafter directory (or 'embedded') continues its training.
+  c.init_from = ''
   c.output_dir = 'results/train_distilled'
   if arg:
     if arg not in VARIANTS:

@@ -50,6 +50,8 @@ def get_config(arg=None):
   c.eval_every = 200                  # held-out mean accepted tokens, and curve.png
   c.log_every = 20
   c.seed = 0
+  # '' starts from random weights; a drafter directory (or 'embedded') continues its training.
+  c.init_from = ''
   c.output_dir = 'results/train_medusa'
   if arg:
     if arg not in VARIANTS:

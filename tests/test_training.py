@@ -267,6 +267,78 @@ def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path, monkeypatch, draf
   assert os.path.getsize(os.path.join(broken.output_dir, 'curve.png')) > 0
 
 
+def test_a_run_from_a_trained_drafter_starts_where_that_drafter_ended(tmp_path):
+  """init_from continues a trained drafter on other data: its step 0 is the first run's
+  exported weights (the same held-out figures on the same rows) and its first steps
+  are far below a run from random weights; the manifest says where it started."""
+  small = dict(drafter='eagle', eagle=dict(steps=2, mlp_width=32), export_dtype='float32')
+  first = config(tmp_path / 'a', **small)
+  ended = trainer.train(first)
+  shared = dict(small, data_dir=os.path.join(first.output_dir, 'data'), steps=4)
+  continued = config(tmp_path / 'b', init_from=os.path.join(first.output_dir, 'drafter'),
+                     **shared)
+  trainer.train(continued)
+  fresh = config(tmp_path / 'c', **shared)
+  trainer.train(fresh)
+  lines = [json.loads(line) for line in open(os.path.join(continued.output_dir,
+                                                            'metrics.jsonl'))]
+  assert lines[0] == {'step': 0, **ended}   # bit for bit: the same weights on the same rows
+  assert [r['step'] for r in lines] == [0, 1, 2, 3, 4]
+  scratch = [json.loads(line) for line in open(os.path.join(fresh.output_dir, 'metrics.jsonl'))]
+  assert 'heldout_loss' not in scratch[0] and scratch[0]['step'] == 1
+  assert lines[1]['loss'] < 0.8 * scratch[0]['loss'], (lines[1], scratch[0])
+  _, _, manifest = drafter_io.load_drafter(
+      os.path.join(continued.output_dir, 'drafter'), 'eagle',
+      target=drafter_io.target_signature(TARGET.config, 'sha-tiny'))
+  assert manifest['init_from']['path'] == os.path.join(first.output_dir, 'drafter')
+  assert manifest['init_from']['heldout_mean_accepted_tokens'] == (
+      ended['heldout_mean_accepted_tokens'])
+
+
+@pytest.fixture(scope='module')
+def trained_eagle(tmp_path_factory):
+  """A small EAGLE layer trained on the tiny target (reading layers 0, 1 and 3)."""
+  cfg = config(tmp_path_factory.mktemp('trained'), drafter='eagle', steps=4,
+               eagle=dict(steps=2, mlp_width=32, hidden_layers=(0, 1, 3)))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(trainer, 'load_target', lambda name: (TARGET, TARGET_PARAMS, 'sha-tiny'))
+    trainer.train(cfg)
+  return cfg
+
+
+@pytest.mark.parametrize('change,message', [
+    (dict(eagle=dict(steps=2, mlp_width=48, hidden_layers=(0, 1, 3))),
+     r"has other weights than this run's eagle drafter: .* is \(\d+, 32\) there and "
+     r'\(\d+, 48\) here'),
+    (dict(eagle=dict(steps=2, mlp_width=32, hidden_layers=(0, 2, 3))),
+     r'reads target layers \[0, 1, 3\], this run \[0, 2, 3\]'),
+    (dict(draft_vocab='ranked', draft_vocab_size=40), 'another draft vocabulary'),
+    (dict(drafter='medusa'), "holds a 'eagle' drafter, not 'medusa'"),
+    (dict(init_from='missing'), 'config.init_from: .*missing: not a specjax drafter checkpoint'),
+    (dict(init_from='self'), 'the drafter this run writes: it would be overwritten'),
+])
+def test_a_drafter_to_start_from_that_does_not_fit_is_refused_before_any_work(
+    tmp_path, trained_eagle, change, message):
+  ranked = str(tmp_path / 'vocab.npz')
+  draft_vocab.save(draft_vocab.DraftVocab(np.arange(TARGET.config.vocab_size, dtype=np.int32),
+                                          TARGET.config.vocab_size, 'tok'), ranked)
+  drafter_dir = os.path.join(trained_eagle.output_dir, 'drafter')
+  paths = {'missing': str(tmp_path / 'missing'), 'ranked': ranked, 'self': drafter_dir}
+  change = {k: paths.get(v, v) if isinstance(v, str) else v for k, v in change.items()}
+  values = dict(drafter='eagle', eagle=dict(steps=2, mlp_width=32, hidden_layers=(0, 1, 3)),
+                init_from=drafter_dir, output_dir=str(tmp_path / 'b'))
+  if change.get('init_from') == drafter_dir:
+    values['output_dir'] = trained_eagle.output_dir
+  values.update(change)
+  before = {name: os.path.getmtime(os.path.join(drafter_dir, name))
+            for name in os.listdir(drafter_dir)}
+  with pytest.raises((CheckpointError, ValueError), match=message):
+    trainer.train(config(tmp_path, **values))
+  assert not os.path.exists(tmp_path / 'b' / 'data')   # refused before the data was made
+  assert before == {name: os.path.getmtime(os.path.join(drafter_dir, name))
+                    for name in os.listdir(drafter_dir)}   # nothing of it was rewritten
+
+
 def test_batches_are_a_pure_function_of_the_step():
   first = [trainer.batch_indices(0, s, 3, 10) for s in range(7)]
   assert all(np.array_equal(a, trainer.batch_indices(0, s, 3, 10)) for s, a in enumerate(first))

@@ -8,7 +8,8 @@ so recomputing it every step would dominate, and a resumed run reads it back;
 for EAGLE with `soft_labels` the same pass keeps the target's likeliest next
 tokens at every position), the drafter's objective
 (`medusa_objective`, `eagle_objective`, `distilled_objective`), AdamW with linear warm-up and cosine decay and
-gradient clipping, and an Orbax checkpoint every `checkpoint_every` steps of
+gradient clipping, from random weights or (`init_from`) a trained drafter of the
+same shape, and an Orbax checkpoint every `checkpoint_every` steps of
 the drafter's weights and the optimizer state (the last `keep` kept). A killed run
 restarts from its last checkpoint on the same trajectory: the batch of step s
 is a pure function of (seed, s), so the resumed losses equal those of an
@@ -41,6 +42,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from specjax import checkpoints
+from specjax.checkpoints import CheckpointError
 from specjax.checkpoints import drafter_io
 from specjax.drafters import draft_vocab as draft_vocab_lib
 from specjax.drafters import eagle_net
@@ -93,6 +95,7 @@ class TrainConfig:
   distilled: dict = dataclasses.field(default_factory=dict)
   data_dir: str = ''   # '' = output_dir/data; drafters of one target can share their data
   export_dtype: str = 'float32'   # the exported drafter's weights: 'float32' or 'bfloat16'
+  init_from: str = ''   # '' = random weights; else a trained drafter (directory or 'embedded')
 
   @classmethod
   def from_config(cls, config) -> TrainConfig:
@@ -154,6 +157,13 @@ class TrainConfig:
     if self.export_dtype not in ('float32', 'bfloat16'):
       raise ValueError(f"config.export_dtype must be 'float32' or 'bfloat16', got "
                        f'{self.export_dtype!r}')
+    if not isinstance(self.init_from, str):
+      raise ValueError(f'config.init_from must be a drafter directory, got {self.init_from!r}')
+    if self.init_from and (drafter_io.resolve(self.init_from, self.drafter)
+                           == drafter_io.resolve(os.path.join(self.output_dir, 'drafter'),
+                                                 self.drafter)):
+      raise ValueError(f'config.init_from is {self.init_from!r}, the drafter this run writes: '
+                       'it would be overwritten; copy it elsewhere first')
     if not 0 <= self.warmup_steps < self.steps:
       raise ValueError(f'config.warmup_steps must be in [0, steps), got {self.warmup_steps}')
 
@@ -354,6 +364,59 @@ def _data_prompts(cfg: TrainConfig) -> tuple[list[list[int]], str]:
   return [tokenizer.encode(p.text, add_bos=False) for p in prompts], sha
 
 
+def _leaf_shapes(tree) -> dict[str, tuple[int, ...]]:
+  return {jax.tree_util.keystr(path): tuple(np.shape(x))
+          for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def initial_weights(cfg: TrainConfig, objective, params, vocab_ids_N, signature: dict[str, Any]
+                    ) -> tuple[Any, dict[str, Any] | None]:
+  """The weights training starts from, and where they came from.
+
+  Random (`objective.init`) unless `config.init_from` names a trained drafter: then
+  its weights, to train further on other data (a drafter trained on one recipe,
+  continued on text nearer what it will serve). The drafter must be of this kind,
+  for this target, over this draft vocabulary, read the same target layers and
+  have the same weight shapes; any difference is a clear error before the first
+  step, since a silent partial load would train from noise under a trained name.
+  """
+  if not cfg.init_from:
+    return params, None
+  where = drafter_io.resolve(cfg.init_from, objective.kind)
+  try:
+    weights, ids_N, manifest = drafter_io.load_drafter(cfg.init_from, objective.kind,
+                                                       target=signature)
+  except CheckpointError as e:
+    raise CheckpointError(f'config.init_from: {e}') from None
+  if drafter_io.ids_digest(ids_N) != drafter_io.ids_digest(vocab_ids_N):
+    size = 'the full vocabulary' if ids_N is None else f'{len(ids_N)} draft ids'
+    raise CheckpointError(
+        f'config.init_from: {where} was trained over another draft vocabulary ({size}) than '
+        f'config.draft_vocab={cfg.draft_vocab!r}, draft_vocab_size={cfg.draft_vocab_size}')
+  layers = manifest.get('hidden_layers')
+  if objective.kind == 'eagle' and layers != list(objective.hidden_layers):
+    raise CheckpointError(f'config.init_from: {where} reads target layers {layers}, this run '
+                          f'{list(objective.hidden_layers)} (config.eagle.hidden_layers)')
+  want, got = _leaf_shapes(params), _leaf_shapes(weights)
+  if want != got:
+    diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+    first = diff[0]
+    raise CheckpointError(
+        f'config.init_from: {where} has other weights than this run\'s {objective.kind} '
+        f'drafter: {first} is {got.get(first, "missing")} there and {want.get(first, "missing")} '
+        f'here ({len(diff)} of {len(want)} differ; check config.{objective.kind} and num_heads)')
+  by_path = {jax.tree_util.keystr(path): x
+             for path, x in jax.tree_util.tree_flatten_with_path(weights)[0]}
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  start = jax.tree.unflatten(jax.tree.structure(params),
+                             [jnp.asarray(by_path[jax.tree_util.keystr(path)], x.dtype)
+                              for path, x in leaves])
+  origin = {'path': str(where), 'command': manifest.get('command', ''),
+            'steps': manifest.get('steps'),
+            'heldout_mean_accepted_tokens': manifest.get('heldout_mean_accepted_tokens')}
+  return start, origin
+
+
 @functools.partial(jax.jit, static_argnames=('objective', 'tx'), donate_argnums=(0, 1))
 def _train_step(params, opt_state, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B,
                 soft=None, *, objective, tx):
@@ -441,6 +504,18 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   os.makedirs(cfg.output_dir, exist_ok=True)
   target, target_params, target_sha = load_target(cfg.target)
   vocab = target.config.vocab_size
+  signature = drafter_io.target_signature(target.config, target_sha)
+  # The drafter and its starting weights before the data: a bad init_from is refused at once.
+  vocab_ids = _draft_vocab(cfg, vocab)
+  ids = None if vocab_ids is None else jnp.asarray(vocab_ids)
+  objective = make_objective(cfg, target.config)
+  frozen = objective.frozen(target_params, ids)
+  tx = optimizer(cfg)
+  params, init_origin = initial_weights(
+      cfg, objective, objective.init(jax.random.key(cfg.seed), target_params), vocab_ids,
+      signature)
+  opt_state = tx.init(params)
+
   prompt_ids, prompts_sha = _data_prompts(cfg)
   recipe = distill_data.Recipe(target=cfg.target, target_sha256=target_sha,
                                **{**cfg.data, 'prompts_sha256': prompts_sha})
@@ -451,14 +526,6 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   held = distill_data.load(
       data_dir, range(recipe.num_shards - cfg.heldout_shards, recipe.num_shards))
   tokens = data.tokens_NxL
-
-  vocab_ids = _draft_vocab(cfg, vocab)
-  ids = None if vocab_ids is None else jnp.asarray(vocab_ids)
-  objective = make_objective(cfg, target.config)
-  frozen = objective.frozen(target_params, ids)
-  tx = optimizer(cfg)
-  params = objective.init(jax.random.key(cfg.seed), target_params)
-  opt_state = tx.init(params)
   soft_labels = getattr(objective, 'soft_labels', 0)
   # Kept on disk under output_dir/teacher, so that resuming a killed run reads them back.
   target_key = f'{cfg.target}:{target_sha}'
@@ -482,6 +549,13 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
     params, opt_state = restored['heads'], restored['opt_state']
     logging.info('resumed from the checkpoint of step %d', step)
   _metrics_file(metrics_path, step)
+  if step == 0 and init_origin is not None:   # where a continued drafter starts, on this data
+    figures = evaluate(objective, params, frozen, held_teacher, held, cfg.batch_size)
+    logging.info('step 0 (from %s)  held out: loss %.4f, mean accepted tokens %.3f',
+                 init_origin['path'], figures['heldout_loss'],
+                 figures['heldout_mean_accepted_tokens'])
+    with open(metrics_path, 'w', encoding='utf-8') as f:
+      f.write(json.dumps({'step': 0, **figures}) + '\n')
 
   tokens_per_step = cfg.batch_size * tokens.shape[1]
   start, first = time.monotonic(), step
@@ -524,10 +598,11 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
                    held_teacher, held, cfg.batch_size)
   drafter_io.save_drafter(
       os.path.join(cfg.output_dir, 'drafter'), objective.kind, exported,
-      target=drafter_io.target_signature(target.config, target_sha), vocab_ids_N=vocab_ids,
+      target=signature, vocab_ids_N=vocab_ids,
       provenance={'command': command or ' '.join(sys.argv), 'train_config': dataclasses.asdict(cfg),
                   'data_recipe': dataclasses.asdict(recipe), 'steps': step,
                   'hidden_layers': list(objective.hidden_layers),
+                  **({'init_from': init_origin} if init_origin else {}),
                   **({'student_layers': objective.layers} if objective.kind == 'distilled'
                      else {}), **final})
   return final

@@ -5,6 +5,8 @@
 #
 #   device run: DRAFTER=eagle bash benchmarks/gpu_train.sh [--config.key=value ...]
 #   a CPU dry run: SPECJAX_VENV=.venv ARG=:tiny OUT=/tmp/out bash benchmarks/gpu_train.sh
+#   the instructions recipe continues the default recipe's drafter; on a bare machine that is the
+#   shipped one: ARG=:instructions bash benchmarks/gpu_train.sh --config.init_from=embedded
 #
 # A fresh machine is bare: the first step installs specjax with the CUDA wheels (`.[cuda]`). Training
 # stops at TRAIN_S seconds (default 420, so the call ends inside its limit) and keeps its Orbax

@@ -19,6 +19,8 @@ the ratios are against the baseline of the same run.
   .venv/bin/python benchmarks/drafter_speed.py --drafters=ngram,eagle,hybrid --never_drafts
   .venv/bin/python benchmarks/drafter_speed.py --drafters=ngram,hybrid --unplanned --repeats=7
   .venv/bin/python benchmarks/drafter_speed.py --tasks=13 --drafters=ngram,hybrid --per_task
+  .venv/bin/python benchmarks/drafter_speed.py --drafters=eagle,hybrid \
+      --eagle_checkpoints=embedded,results/train_eagle-instructions/drafter
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ DRAFT_VOCAB_SIZES = flags.DEFINE_list('draft_vocab_sizes', [str(eagle.Settings.d
                                       "eagle.draft_vocab_size values to time EAGLE and the hybrid "
                                       "with (default: the product's; 0: the drafter's whole draft "
                                       "vocabulary).")
+CHECKPOINTS = flags.DEFINE_list('eagle_checkpoints', ['embedded'],
+                                "EAGLE drafters to time side by side ('embedded': the shipped one, "
+                                'or a directory python -m specjax.train wrote).')
 PER_TASK = flags.DEFINE_bool('per_task', False,
                              'Also print each task\'s speedup and tokens per call.')
 UNPLANNED = flags.DEFINE_bool('unplanned', False,
@@ -69,16 +74,20 @@ def _drafters(name, model, params):
     return [('ngram', make_drafter('ngram', target=model))]
   if name not in ('eagle', 'hybrid'):
     sys.exit(f'unknown drafter {name!r}: one of ngram, eagle, hybrid')
-  trained = served.shipped_eagle(model)
   out = []
-  for size in (int(n) for n in DRAFT_VOCAB_SIZES.value):
-    eagle_settings = {'draft_vocab_size': size}
-    drafter = (make_drafter('eagle', target=model, trained=trained, target_params=params,
-                            settings=eagle_settings) if name == 'eagle' else
-               make_drafter('hybrid', target=model, trained=trained, target_params=params,
-                            fallback_settings=eagle_settings))
-    label = '' if size == eagle.Settings.draft_vocab_size else f' (draft vocab {size or "all"})'
-    out.append((name + label, drafter))
+  for checkpoint in CHECKPOINTS.value:
+    trained = served.shipped_eagle(model, checkpoint)
+    for size in (int(n) for n in DRAFT_VOCAB_SIZES.value):
+      eagle_settings = {'draft_vocab_size': size}
+      drafter = (make_drafter('eagle', target=model, trained=trained, target_params=params,
+                              settings=eagle_settings) if name == 'eagle' else
+                 make_drafter('hybrid', target=model, trained=trained, target_params=params,
+                              fallback_settings=eagle_settings))
+      notes = ([] if size == eagle.Settings.draft_vocab_size else
+               [f'draft vocab {size or "all"}']) + (
+                   [] if checkpoint == 'embedded' else [os.path.basename(
+                       os.path.dirname(os.path.abspath(checkpoint)))])
+      out.append((name + (f' ({", ".join(notes)})' if notes else ''), drafter))
   return out
 
 

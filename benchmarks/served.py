@@ -61,10 +61,11 @@ def target() -> tuple[LanguageModel, dict, Tokenizer]:
   return LanguageModel(config), params, Tokenizer.from_gguf(embedded.default_gguf_path())
 
 
-def shipped_eagle(model: LanguageModel):
-  """The shipped EAGLE drafter's (weights, vocabulary ids, manifest), checked against the target."""
+def shipped_eagle(model: LanguageModel, checkpoint: str = 'embedded'):
+  """An EAGLE drafter's (weights, vocabulary ids, manifest), checked against the target: the
+  shipped one, or a directory `specjax.train` wrote."""
   signature = drafter_io.target_signature(model.config, checkpoints.content_digest(TARGET))
-  return drafter_io.load_drafter('embedded', 'eagle', target=signature)
+  return drafter_io.load_drafter(checkpoint, 'eagle', target=signature)
 
 
 def interleaved(runs: dict, repeats: int) -> tuple[dict, dict]:

@@ -37,7 +37,9 @@ def main(argv):
     logging.debug('%s', type(e).__name__, exc_info=True)
     sys.exit(f'error: {e}')
   print(f'trained drafter in {cfg.output_dir}/drafter: held-out mean accepted tokens '
-        f'{final["heldout_mean_accepted_tokens"]:.3f}, loss {final["heldout_loss"]:.4f}')
+        f'{final["heldout_served_accepted_tokens"]:.3f} in served order '
+        f'({final["heldout_mean_accepted_tokens"]:.3f} over every position), '
+        f'loss {final["heldout_loss"]:.4f}')
 
 
 if __name__ == '__main__':

@@ -154,6 +154,22 @@ def test_labels_are_the_tokens_two_and_more_ahead_inside_the_sequence_and_vocabu
   assert objective.accepted_run(correct, jnp.asarray([6]), jnp.asarray([3]))[1] == 2
 
 
+def test_served_order_walks_the_chains_as_decoding_does():
+  """A streak the drafter gets right is one call in decoding, not one per position."""
+  correct = np.zeros((1, 10, 2), bool)
+  correct[0, 0:3] = True               # runs of 2 at positions 0, 1 and 2
+  correct[0, 3] = [True, False]        # a run of 1
+  correct[0, 5] = [False, True]        # a miss first: a run of 0
+  # Decoding: t=0 commits 3 (t -> 3), t=3 commits 2 (-> 5), t=5 and t=6 commit 1 each;
+  # a chain at t=7 would pass the row's end (7 + 2 + 1 = 10).
+  assert objective.served_order(correct, np.array([10]), None) == (7, 4)
+  # Every position 0..6 counted once: runs 2, 2, 2, 1, 0, 0, 0.
+  run, counted = objective.accepted_run(jnp.asarray(correct), jnp.asarray([10]))
+  assert (int(run), int(counted)) == (7, 7)
+  # After a 4-token prompt the first chain reads position 3: 2 + 1 + 1 tokens in 3 calls.
+  assert objective.served_order(correct, np.array([10]), np.array([4])) == (4, 3)
+
+
 # ------------------------------------------------------ the teacher pass on disk
 
 def _counting_teacher_step(monkeypatch, dies_at: int = 0) -> list:

@@ -19,7 +19,9 @@ an argument of the gradient).
 Progress goes to the absl log (loss, per-head accuracy, tokens/s, time left);
 every logged step is a line of `metrics.jsonl`, held-out figures every
 `eval_every` steps (mean accepted tokens of a greedy chain, teacher-forced on
-held-out shards), and `curve.png` is redrawn at each evaluation when
+held-out shards, over every position and walked in served order, as decoding
+commits them; the second is the lower and the one that predicts decoding,
+`medusa_objective.served_order`), and `curve.png` is redrawn at each evaluation when
 matplotlib is installed. The trained drafter is exported with its manifest
 (`checkpoints.drafter_io`) to `output_dir/drafter`.
 """
@@ -436,7 +438,7 @@ def _eval_step(params, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B, 
   loss, metrics = objective.loss(params, frozen, features_BxLxF, tokens_BxL, lengths_B, starts_B,
                                  **_soft(soft))
   run, counted = medusa_objective.accepted_run(metrics['correct_BxLxK'], lengths_B, starts_B)
-  return loss, run, counted
+  return loss, run, counted, metrics['correct_BxLxK']
 
 
 def _soft(soft) -> dict:
@@ -446,20 +448,26 @@ def _soft(soft) -> dict:
 
 def evaluate(objective, params, frozen, features, data: distill_data.Sequences, batch: int
              ) -> dict[str, float]:
-  """Held-out loss and mean accepted tokens per call of a greedy chain (1 + mean run).
+  """Held-out loss and mean accepted tokens per call of a greedy chain: 1 + the mean run
+  over every position, and walked in served order (`medusa_objective.served_order`:
+  what decoding commits per call, the lower and more honest of the two).
   `features` is the features array or a `Teacher` (which also holds soft labels)."""
   teacher = features if isinstance(features, Teacher) else Teacher(features, None)
-  losses, runs, counted = [], 0, 0
+  losses, runs, counted, served_tokens, served_calls = [], 0, 0, 0, 0
   for start in range(0, len(data.tokens_NxL) - batch + 1, batch):
     part = slice(start, start + batch)
     feats, soft = teacher.rows(part)
-    loss, run, n = _eval_step(params, frozen, feats, data.tokens_NxL[part],
-                              data.lengths_N[part], data.starts_N[part], soft,
-                              objective=objective)
+    loss, run, n, correct_BxLxK = _eval_step(params, frozen, feats, data.tokens_NxL[part],
+                                       data.lengths_N[part], data.starts_N[part], soft,
+                                       objective=objective)
     losses.append(float(loss))
     runs, counted = runs + int(run), counted + int(n)
+    tokens, calls = medusa_objective.served_order(correct_BxLxK, data.lengths_N[part],
+                                                  data.starts_N[part])
+    served_tokens, served_calls = served_tokens + tokens, served_calls + calls
   return {'heldout_loss': float(np.mean(losses)) if losses else float('nan'),
-          'heldout_mean_accepted_tokens': 1.0 + runs / max(counted, 1)}
+          'heldout_mean_accepted_tokens': 1.0 + runs / max(counted, 1),
+          'heldout_served_accepted_tokens': served_tokens / max(served_calls, 1)}
 
 
 def _metrics_file(path: str, resumed_step: int) -> None:
@@ -491,7 +499,11 @@ def _plot(path: str, metrics_path: str) -> None:
   if held:
     ax2 = ax.twinx()
     ax2.plot([r['step'] for r in held], [r['heldout_mean_accepted_tokens'] for r in held],
-             'o-', color='tab:orange', label='held-out mean accepted tokens')
+             'o-', color='tab:orange', label='held-out mean accepted tokens (every position)')
+    served = [r for r in held if 'heldout_served_accepted_tokens' in r]
+    if served:
+      ax2.plot([r['step'] for r in served], [r['heldout_served_accepted_tokens'] for r in served],
+               's--', color='tab:green', label='held out, in served order')
     ax2.set_ylabel('mean accepted tokens (held out)')
   fig.legend(loc='upper right')
   fig.tight_layout()
@@ -551,9 +563,10 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
   _metrics_file(metrics_path, step)
   if step == 0 and init_origin is not None:   # where a continued drafter starts, on this data
     figures = evaluate(objective, params, frozen, held_teacher, held, cfg.batch_size)
-    logging.info('step 0 (from %s)  held out: loss %.4f, mean accepted tokens %.3f',
-                 init_origin['path'], figures['heldout_loss'],
-                 figures['heldout_mean_accepted_tokens'])
+    logging.info('step 0 (from %s)  held out: loss %.4f, mean accepted tokens %.3f over every '
+                 'position, %.3f in served order', init_origin['path'], figures['heldout_loss'],
+                 figures['heldout_mean_accepted_tokens'],
+                 figures['heldout_served_accepted_tokens'])
     with open(metrics_path, 'w', encoding='utf-8') as f:
       f.write(json.dumps({'step': 0, **figures}) + '\n')
 
@@ -580,8 +593,10 @@ def train(cfg: TrainConfig, command: str = '') -> dict[str, Any]:
       if step % cfg.eval_every == 0 or step == cfg.steps:
         figures = evaluate(objective, params, frozen, held_teacher, held, cfg.batch_size)
         record = {**(record or {'step': step}), **figures}
-        logging.info('step %d  held out: loss %.4f, mean accepted tokens %.3f', step,
-                     figures['heldout_loss'], figures['heldout_mean_accepted_tokens'])
+        logging.info('step %d  held out: loss %.4f, mean accepted tokens %.3f over every '
+                     'position, %.3f in served order', step, figures['heldout_loss'],
+                     figures['heldout_mean_accepted_tokens'],
+                     figures['heldout_served_accepted_tokens'])
       if record:
         metrics_file.write(json.dumps(record) + '\n')
         metrics_file.flush()

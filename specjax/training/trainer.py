@@ -415,7 +415,8 @@ def initial_weights(cfg: TrainConfig, objective, params, vocab_ids_N, signature:
                               for path, x in leaves])
   origin = {'path': str(where), 'command': manifest.get('command', ''),
             'steps': manifest.get('steps'),
-            'heldout_mean_accepted_tokens': manifest.get('heldout_mean_accepted_tokens')}
+            **{k: manifest[k] for k in ('heldout_mean_accepted_tokens',
+                                        'heldout_served_accepted_tokens') if k in manifest}}
   return start, origin
 
 
@@ -457,9 +458,9 @@ def evaluate(objective, params, frozen, features, data: distill_data.Sequences, 
   for start in range(0, len(data.tokens_NxL) - batch + 1, batch):
     part = slice(start, start + batch)
     feats, soft = teacher.rows(part)
-    loss, run, n, correct_BxLxK = _eval_step(params, frozen, feats, data.tokens_NxL[part],
-                                       data.lengths_N[part], data.starts_N[part], soft,
-                                       objective=objective)
+    loss, run, n, correct_BxLxK = _eval_step(
+        params, frozen, feats, data.tokens_NxL[part], data.lengths_N[part],
+        data.starts_N[part], soft, objective=objective)
     losses.append(float(loss))
     runs, counted = runs + int(run), counted + int(n)
     tokens, calls = medusa_objective.served_order(correct_BxLxK, data.lengths_N[part],

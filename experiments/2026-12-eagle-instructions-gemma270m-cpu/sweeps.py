@@ -1,24 +1,18 @@
-r"""This folder's Spec-Bench table: the shipped EAGLE drafter against the one continued on
-the instructions recipe (configs/train_eagle.py:instructions), alone and inside the hybrid,
-greedy and sampled (T = 1), beside n-gram lookup, on configs/paper_tables.py:spec_bench (raw
-text, 2 prompts per task, 64 new tokens, gamma 4, adaptive draft length). One baseline per
-temperature, shared by its cells.
-
-  python -m specjax.sweep \
-      --config=experiments/2026-12-eagle-instructions-gemma270m-cpu/sweeps.py:chains \
-      --config.prompts=../shared/data/spec_bench_question.jsonl \
-      --config.output_dir=results/eagle-instructions/chains
-  python -m specjax.report results/eagle-instructions/chains
+r"""Spec-Bench cells comparing the shipped EAGLE drafter with the one the instructions recipe
+continues (`python -m specjax.train --config=configs/train_eagle.py:instructions`), alone and
+inside the hybrid, beside n-gram lookup, greedy then sampled at T = 1. The base config is
+configs/paper_tables.py:spec_bench (raw text, 2 prompts per task, 64 new tokens); every cell
+drafts at most 4 tokens a call with the adaptive length, and each temperature's cells share
+one autoregressive baseline. Run it with --config=<this file>:chains, the Spec-Bench
+question file as --config.prompts and an --config.output_dir of its own (e.g.
+results/eagle-instructions/chains), then `python -m specjax.report` on that directory.
 """
 
-import importlib.util
 import os
+import runpy
 
 _TABLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'configs',
                        'paper_tables.py')
-_spec = importlib.util.spec_from_file_location('specjax_paper_tables_config', _TABLES)
-paper_tables = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(paper_tables)
 
 SWEEPS = ('chains',)
 # What `python -m specjax.train --config=configs/train_eagle.py:instructions` writes.
@@ -28,7 +22,7 @@ CONTINUED = 'results/train_eagle-instructions/drafter'
 def get_config(arg=None):
   if arg not in SWEEPS:
     raise ValueError(f'name a sweep: {", ".join(SWEEPS)} (e.g. sweeps.py:chains), got {arg!r}')
-  return paper_tables.get_config('spec_bench')
+  return runpy.run_path(_TABLES)['get_config']('spec_bench')
 
 
 def get_sweep(arg=None):

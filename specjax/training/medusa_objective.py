@@ -115,9 +115,8 @@ def served_order(correct_NxLxK, lengths_N: np.ndarray, starts_N: np.ndarray | No
   t + run + 1. A row's first chain is at its last prompt position (the target wrote
   token `start`; position 0 for a row without a prompt); the walk stops where a
   chain's drafts would pass the row's end, as `accepted_run` counts."""
-  correct_NxLxK = np.asarray(correct_NxLxK, bool)
   depth = correct_NxLxK.shape[-1]
-  run_NxL = np.cumprod(correct_NxLxK, axis=-1).sum(axis=-1)
+  run_NxL = np.asarray(run_lengths(jnp.asarray(correct_NxLxK)))
   tokens = calls = 0
   for i, run_L in enumerate(run_NxL):
     t = 0 if starts_N is None else max(int(starts_N[i]) - 1, 0)

@@ -23,14 +23,15 @@ def test_the_kernel_builds_here():
 
 
 # (rows, out, in): one group of up to 12 rows, two even ones past that (13: 7 + 6, 20:
-# 10 + 10), outs that leave partial row blocks, panels and chunks.
+# 10 + 10), outs that leave partial row blocks, panels and chunks, inputs up to the 270M's
+# 2,048.
 SHAPES = [(1, 7, 32), (1, 1000, 640), (2, 97, 640), (3, 50, 96), (5, 4099, 640), (8, 300, 256),
           (9, 97, 640), (12, 301, 640), (13, 5000, 64), (16, 301, 640), (20, 97, 640),
-          (24, 301, 640)]
+          (24, 301, 640), (7, 97, 2048)]
 # The same for Q4_K's blocks (a scale and an offset per 32) and Q6_K's (a scale per 16), with
 # the 270M's o and down shapes.
 K_SHAPES = [(1, 640, 1024), (2, 97, 256), (5, 640, 2048), (9, 301, 512), (13, 50, 256),
-            (20, 97, 256)]
+            (20, 97, 256), (9, 101, 2048)]
 CASES = ([(shape, 'Q8_0' if shape[0] % 2 else 'Q5_0') for shape in SHAPES]
          + [(shape, kind) for kind in ('Q4_K', 'Q6_K') for shape in K_SHAPES])
 

@@ -167,10 +167,13 @@ inline __m512 dequant_pair(const int8_t* q_a, const int8_t* q_b, __m512 scales, 
   return _mm512_mul_ps(q, scales);
 }
 
-inline f32x8 half(__m512 v, int h) {
-  const __m256 part = h == 0 ? _mm512_castps512_ps256(v)
-                             : _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  return reinterpret_cast<f32x8>(part);
+// Lanes 0 and 8 of the result: each 8-lane half's sum in sum_lanes' order,
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) (an addition's operands
+// commute bit for bit), in 6 instructions where two sum_lanes took about 17.
+inline __m512 sum_halves(__m512 a) {
+  const __m512 t1 = _mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0xB1));   // l_k + l_{k+4}
+  const __m512 t2 = _mm512_add_ps(t1, _mm512_permute_ps(t1, 0x4E));       // + 2 lanes over
+  return _mm512_add_ps(t2, _mm512_permute_ps(t2, 0xB1));                  // + the neighbour
 }
 
 // Rows [o0, o1) of y for G rows of x, P pairs of rows of w at a time; rows
@@ -209,22 +212,37 @@ void pair_rows(const float* x, const Blocks& w, float* y, int64_t O, int64_t I, 
         }
       }
     }
-    for (int p = 0; p < P; ++p)
-      for (int g = 0; g < G; ++g)
-        for (int h = 0; h < 2; ++h) y[g * O + o + 2 * p + h] = sum_lanes(half(acc[p][g], h));
+    for (int p = 0; p < P; ++p) {
+      for (int g = 0; g < G; ++g) {
+        const __m512 sums = sum_halves(acc[p][g]);
+        y[g * O + o + 2 * p] = _mm512_cvtss_f32(sums);
+        y[g * O + o + 2 * p + 1] = _mm_cvtss_f32(_mm512_extractf32x4_ps(sums, 2));
+      }
+    }
   }
   if (o < o1) group_rows<G, 1, kPrefetch, kShift, kOffset>(x, w, y, O, I, o, o1);
 }
 
 // Pairs of w rows for G rows of x: P * G accumulators, G repeated rows of x,
-// P scale vectors (and P offset vectors) and a rebuilt pair fit the 32 registers.
-constexpr int kPairs[kMaxGroup + 1] = {0, 8, 6, 5, 4, 3, 3, 2, 2, 2, 1, 1, 1};
+// P scale vectors (with an offset, P offset vectors too) and a rebuilt pair fit
+// the 32 registers; without offsets there is room for a pair more at 3-5 rows,
+// and at 5 rows with offsets one spilled vector cost less than a pair fewer. On
+// the 2-core Zen 4 of 7 December 2026 (AVX-512, no AMX; benchmarks/
+// q8_matmul_variants.py, w[131072, 640]) 5 rows took 5.90 ms against 6.50 and,
+// with offsets, 6.19 against 6.45 (both beside a layout of x not kept; at 3
+// rows with offsets 6 pairs were slower, 5.29 ms against 4.96, so that stays);
+// with these and sum_halves a greedy verify call
+// over 5 positions cost 1.25-1.26 decode steps against 1.29-1.32 (two runs each,
+// benchmarks/verify_cost.py), over 9 no less (1.73-1.77 against 1.72-1.74).
+constexpr int kPairs[kMaxGroup + 1] = {0, 8, 6, 6, 5, 4, 3, 2, 2, 2, 1, 1, 1};
+constexpr int kOffsetPairs[kMaxGroup + 1] = {0, 8, 6, 5, 4, 4, 3, 2, 2, 2, 1, 1, 1};
 #endif
 
 template <bool kPrefetch, int kShift, bool kOffset, int... G>
 constexpr std::array<GroupFn, sizeof...(G)> group_fns(std::integer_sequence<int, G...>) {
 #if defined(__AVX512F__)
-  return {pair_rows<G + 1, kPairs[G + 1], kPrefetch, kShift, kOffset>...};
+  return {pair_rows<G + 1, kOffset ? kOffsetPairs[G + 1] : kPairs[G + 1], kPrefetch, kShift,
+                    kOffset>...};
 #else
   return {group_rows<G + 1, kBlockRows[G + 1], kPrefetch, kShift, kOffset>...};
 #endif

@@ -22,8 +22,8 @@ def test_the_kernel_builds_here():
   assert q8_matmul.available(), 'the q8_matmul kernel did not build: see the warning logged above'
 
 
-# (rows, out, in): one group of up to 12 rows, two even ones past that (13: 7 + 6, 20:
-# 10 + 10), outs that leave partial row blocks, panels and chunks, inputs up to the 270M's
+# (rows, out, in): one group of up to 9 rows, even ones past that (12: 6 + 6, 13: 7 + 6, 20:
+# 7 + 7 + 6), outs that leave partial row blocks, panels and chunks, inputs up to the 270M's
 # 2,048.
 SHAPES = [(1, 7, 32), (1, 1000, 640), (2, 97, 640), (3, 50, 96), (5, 4099, 640), (8, 300, 256),
           (9, 97, 640), (12, 301, 640), (13, 5000, 64), (16, 301, 640), (20, 97, 640),

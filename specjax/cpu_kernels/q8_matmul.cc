@@ -80,9 +80,17 @@ constexpr int64_t kRowsPerPanel = 48;
 
 // Rows of x sharing one rebuilt weight vector. Each group rebuilds the panel's
 // weights again (2 instructions per 8 weights beside the group's G
-// multiply-adds), so a group is as large as the registers allow: 9 rows (a
-// verify call over 8 drafts) in one group, not 8 and 1.
-constexpr int kMaxGroup = 12;
+// multiply-adds), so a group is large: 9 rows (a verify call over 8 drafts) in
+// one group, not 8 and 1. Not as large as the registers allow: past 9 a group
+// has one row of w at a time (kPairs, kBlockRows), and 12 rows as two groups of
+// 6 with 3 pairs each took 0.33 ms against 0.48 on the 270M's Q4_K down
+// projection (offset, 640 x 2,048), 20 rows as 7 + 7 + 6 took 0.44 against 0.51
+// on its gate (2,048 x 640) rather than 10 + 10 (2-core Zen 4, 7 December 2026,
+// benchmarks/q8_matmul_variants.py --copies=96; its AVX2 build: 0.40 against 0.62
+// ms, and 0.51 against 0.46, the one loss). A greedy verify call at batch 4 over
+// 3 / 5 positions (12 / 20 rows) took 30.9 / 47.9 ms against 36.0 / 55.2
+// (benchmarks/verify_cost.py, one run each).
+constexpr int kMaxGroup = 9;
 
 // Rows [o0, o1) of y for G rows of x, R rows of w at a time (G * R accumulators
 // in registers, beside the rebuilt weights). A block's scales are read once, and
@@ -132,9 +140,9 @@ using GroupFn = void (*)(const float*, const Blocks&, float*, int64_t, int64_t, 
 // Row blocks R for G rows of x: G * R accumulators, one rebuilt weight vector
 // and its scale fit the vector registers (32 with AVX-512VL, else 16).
 #if defined(__AVX512VL__)
-constexpr int kBlockRows[kMaxGroup + 1] = {0, 16, 12, 8, 6, 5, 4, 3, 3, 3, 2, 2, 2};
+constexpr int kBlockRows[kMaxGroup + 1] = {0, 16, 12, 8, 6, 5, 4, 3, 3, 3};
 #else
-constexpr int kBlockRows[kMaxGroup + 1] = {0, 8, 6, 4, 3, 2, 2, 1, 1, 1, 1, 1, 1};
+constexpr int kBlockRows[kMaxGroup + 1] = {0, 8, 6, 4, 3, 2, 2, 1, 1, 1};
 #endif
 
 #if defined(__AVX512F__)
@@ -234,8 +242,8 @@ void pair_rows(const float* x, const Blocks& w, float* y, int64_t O, int64_t I, 
 // with these and sum_halves a greedy verify call
 // over 5 positions cost 1.25-1.26 decode steps against 1.29-1.32 (two runs each,
 // benchmarks/verify_cost.py), over 9 no less (1.73-1.77 against 1.72-1.74).
-constexpr int kPairs[kMaxGroup + 1] = {0, 8, 6, 6, 5, 4, 3, 2, 2, 2, 1, 1, 1};
-constexpr int kOffsetPairs[kMaxGroup + 1] = {0, 8, 6, 5, 4, 4, 3, 2, 2, 2, 1, 1, 1};
+constexpr int kPairs[kMaxGroup + 1] = {0, 8, 6, 6, 5, 4, 3, 2, 2, 2};
+constexpr int kOffsetPairs[kMaxGroup + 1] = {0, 8, 6, 5, 4, 4, 3, 2, 2, 2};
 #endif
 
 template <bool kPrefetch, int kShift, bool kOffset, int... G>

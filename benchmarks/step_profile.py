@@ -1,0 +1,145 @@
+r"""Where a step's time goes, kernel by kernel: the compiled program profiled.
+
+Timing a whole step says that a verify call over 9 positions costs 1.75 decode
+steps, not which part grew. This runs the product's own programs under
+`jax.profiler.trace` (XLA:CPU records every thunk it executes, each custom call
+and fusion by its HLO name), maps each custom call to its kernel through the
+optimized HLO that XLA dumps, and prints the milliseconds per step spent in each
+of specjax's kernels (`specjax_q8_matmul_f32`, `specjax_q8_argmax_f32`, ...) and
+in XLA's own operations, for autoregressive decoding (width 1) and for the
+speculative loop verifying a fixed gamma = width - 1 drafts of `ngram` at every
+step (the drafts' acceptance does not change a call's shape).
+
+Per-thunk tracing costs time of its own, more in a program of more thunks, so
+the totals run a few percent over an untraced run's; compare the kernels'
+shares and how each grows with the width, not the totals with `verify_cost.py`.
+On the 2-core Zen 4 EPYC of 7 December 2026 the greedy product spent, per step
+at 1 / 5 / 9 positions: the layers' int8 products 6.8 / 9.4 / 14.8 ms, the
+head's argmax 5.9 / 6.2 / 7.3, attention 0.3 / 0.7 / 1.1, XLA's operations
+2.1 / 2.3 / 2.5: the layers' float32 arithmetic is what grows with the width
+(experiments/2026-12-zen4-gemma270m-cpu/step_profile.txt).
+
+Gemma 3 270M (the embedded GGUF, float32, served as the product serves it),
+greedy, one raw-text Spec-Bench prompt (or the first built-in one).
+
+  .venv/bin/python benchmarks/step_profile.py --widths=1,5,9
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+# XLA reads its flags once, when the backend starts: the HLO dump must be asked for first.
+_DUMP = tempfile.mkdtemp(prefix='specjax-step-profile-')
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + f' --xla_dump_to={_DUMP} '
+                           '--xla_dump_hlo_as_text --xla_dump_hlo_pass_re=^$').strip()
+
+import collections  # noqa: E402
+import glob  # noqa: E402
+import gzip  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import jax  # noqa: E402
+
+from specjax import compile_cache  # noqa: E402
+from specjax.decoding import autoregressive, draft_length, speculative  # noqa: E402
+from specjax.drafters import make_drafter  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
+import served  # noqa: E402  pylint: disable=g-import-not-at-top
+
+WIDTHS = flags.DEFINE_list('widths', ['1', '5', '9'], 'Positions a target call scores: 1 is '
+                           'autoregressive decoding, w > 1 the loop verifying w - 1 drafts.')
+MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Tokens generated.')
+PROMPTS = flags.DEFINE_string('prompts', served.SPEC_BENCH, 'Spec-Bench question.jsonl.')
+
+_INSTRUCTION = re.compile(r'%([\w.\-]+) = ')
+_CUSTOM_CALL = re.compile(r'%([\w.\-]+) = .*?custom_call_target="([\w.\-]+)"')
+# Instructions whose spans hold other instructions' thunks, which are counted on their own.
+_CONTAINERS = ('while', 'conditional', 'call')
+
+
+def _newest_program_hlo(before: set[str]) -> str:
+  """The optimized HLO of the largest `jit__compiled` module dumped since `before`."""
+  dumped = [p for p in glob.glob(os.path.join(_DUMP, '*jit__compiled*after_optimizations.txt'))
+            if p not in before]
+  if not dumped:
+    raise SystemExit(f'XLA dumped no compiled program into {_DUMP}')
+  return open(max(dumped, key=os.path.getsize)).read()
+
+
+def _per_step(trace_dir: str, hlo: str) -> tuple[int, dict[str, float]]:
+  """(steps, {kernel or 'XLA operations': ms per step}) from the trace in `trace_dir`."""
+  kernels = dict(_CUSTOM_CALL.findall(hlo))
+  instructions = {n for n in _INSTRUCTION.findall(hlo) if not n.startswith(_CONTAINERS)}
+  (path,) = glob.glob(os.path.join(trace_dir, 'plugins', 'profile', '*', '*.trace.json.gz'))
+  with gzip.open(path) as f:
+    events = json.load(f)['traceEvents']
+  threads = {(e['pid'], e['tid']): e['args']['name'] for e in events
+             if e.get('ph') == 'M' and e.get('name') == 'thread_name'}
+  micros = collections.Counter()
+  calls = collections.Counter()
+  for e in events:   # the program's thunks only: not Python, the executor or the runtime
+    if (e.get('ph') != 'X' or threads.get((e['pid'], e['tid'])) == 'python'
+        or e['name'] not in instructions):
+      continue
+    name = e['name']
+    kernel = kernels.get(name)
+    micros[kernel or 'XLA operations'] += e['dur']
+    if kernel:
+      calls[name] += 1
+  steps = max(calls.values())   # a kernel called once a step (the prefill's calls are others)
+  return steps, {k: v / steps / 1e3 for k, v in micros.items()}
+
+
+def main(argv):
+  del argv
+  # A fresh compilation cache: the first run of each width compiles (and XLA dumps its
+  # program), the traced run reads it back instead of compiling inside the trace.
+  compile_cache.enable(tempfile.mkdtemp(prefix='cache-', dir=_DUMP))
+  print(cpu_info.describe())
+  model, params, tokenizer = served.target()
+  prompts = served.spec_bench_prompts(PROMPTS.value)
+  ids = [tokenizer.encode(prompts[0].text, add_bos=True)]
+  drafter = make_drafter('ngram', target=model, target_params=params)
+  rows = {}
+  for width in (int(w) for w in WIDTHS.value):
+    if width == 1:
+      def run():
+        return autoregressive.generate(model, params, ids, max_new_tokens=MAX_NEW.value)
+    else:
+      def run(gamma=width - 1):
+        return speculative.generate(model, params, drafter, ids, gamma=gamma,
+                                    max_new_tokens=MAX_NEW.value,
+                                    policy=draft_length.fixed(gamma))
+    before = set(glob.glob(os.path.join(_DUMP, '*')))
+    run()   # compiles, and dumps the program
+    hlo = _newest_program_hlo(before)
+    run()
+    trace_dir = tempfile.mkdtemp(prefix=f'width{width}-', dir=_DUMP)
+    with jax.profiler.trace(trace_dir):
+      run()
+    rows[width] = _per_step(trace_dir, hlo)
+    print(f'width {width}: {rows[width][0]} steps traced', flush=True)
+  names = sorted({k for _, ms in rows.values() for k in ms},
+                 key=lambda k: -max(ms.get(k, 0.0) for _, ms in rows.values()))
+  print(f'\njax {jax.__version__}, Gemma 3 270M float32, greedy, batch 1, {MAX_NEW.value} new '
+        'tokens; ms per step (traced)\n')
+  print('| | ' + ' | '.join(f'{w} position{"s" * (w > 1)}' for w in rows) + ' |')
+  print('|---|' + '---|' * len(rows))
+  for name in names + ['total']:
+    cells = []
+    for _, ms in rows.values():
+      value = sum(ms.values()) if name == 'total' else ms.get(name, 0.0)
+      cells.append(f'{value:.2f}')
+    print(f'| {name} | ' + ' | '.join(cells) + ' |')
+
+
+if __name__ == '__main__':
+  app.run(main)

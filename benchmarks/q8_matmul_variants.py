@@ -15,10 +15,8 @@ each row count.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,11 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.cpu_kernels import build
 from specjax.cpu_kernels import q8_matmul
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
+import kernel_variants  # noqa: E402  pylint: disable=g-import-not-at-top
 
 ROWS = flags.DEFINE_list('rows', ['1', '5', '9'], 'Rows of x.')
 ROUNDS = flags.DEFINE_integer('rounds', 15, 'Turns each variant takes at each row count.')
@@ -50,20 +48,13 @@ BLOCK = 32
 
 
 def register(source: Path, index: int, workdir: Path) -> str:
-  """Compiles `source` with its handlers renamed, registers the plain one, returns its name."""
+  """Compiles `source` with its handlers renamed, registers both, returns the one timed."""
   target = f'specjax_q8_matmul_variant_{index}'
-  renamed = workdir / f'variant_{index}.cc'
-  text = source.read_text().replace(q8_matmul.OFFSET_TARGET, f'{target}_offset')
-  renamed.write_text(text.replace(q8_matmul.TARGET, target))
-  library = workdir / f'variant_{index}.so'
-  cmd = [build.find_compiler() or 'c++', *build.flags(), '-I', jax.ffi.include_dir(),
-         '-I', str(build._SOURCE_DIR), str(renamed), '-o', str(library)]  # pylint: disable=protected-access
-  result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-  if result.returncode != 0:
-    raise SystemExit(f'{source} does not compile:\n{result.stderr[-2000:]}')
-  loaded = ctypes.cdll.LoadLibrary(str(library))
+  library = kernel_variants.compile_variant(
+      source, {q8_matmul.OFFSET_TARGET: f'{target}_offset', q8_matmul.TARGET: target}, workdir,
+      index)
   for name in (target, f'{target}_offset'):
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(loaded, name)), platform='cpu')
+    kernel_variants.register(library, name)
   return f'{target}_offset' if OFFSET.value else target
 
 

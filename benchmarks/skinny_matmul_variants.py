@@ -21,10 +21,8 @@ On a 2-core Sapphire Rapids-class Xeon (5 December 2026), the prefetch hints
 
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,11 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.cpu_kernels import build
 from specjax.cpu_kernels import skinny_matmul
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
+import kernel_variants  # noqa: E402  pylint: disable=g-import-not-at-top
 
 ROWS = flags.DEFINE_list('rows', ['1', '5', '9'], 'Rows of x.')
 ROUNDS = flags.DEFINE_integer('rounds', 15, 'Turns each variant takes at each row count.')
@@ -51,17 +49,9 @@ MATRIX_ROWS = flags.DEFINE_integer(
 def register(source: Path, index: int, workdir: Path) -> str:
   """Compiles `source` with its handler renamed, registers it, and returns the new target name."""
   target = f'specjax_skinny_matmul_variant_{index}'
-  renamed = workdir / f'variant_{index}.cc'
-  renamed.write_text(source.read_text().replace(skinny_matmul.TARGET, target))
-  library = workdir / f'variant_{index}.so'
-  cmd = [build.find_compiler() or 'c++', *build.flags(), '-I', jax.ffi.include_dir(),
-         '-I', str(build._SOURCE_DIR), str(renamed), '-o', str(library)]  # pylint: disable=protected-access
-  result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-  if result.returncode != 0:
-    raise SystemExit(f'{source} does not compile:\n{result.stderr[-2000:]}')
-  handler = getattr(ctypes.cdll.LoadLibrary(str(library)), target)
-  jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform='cpu')
-  return target
+  library = kernel_variants.compile_variant(source, {skinny_matmul.TARGET: target}, workdir,
+                                            index)
+  return kernel_variants.register(library, target)
 
 
 def main(argv):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 import subprocess
+import time
+from typing import Callable, Sequence
 
 import jax
 
@@ -39,3 +41,15 @@ def register(library: ctypes.CDLL, name: str) -> str:
   """Registers `library`'s handler `name` as the CPU FFI target of that name; returns it."""
   jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, name)), platform='cpu')
   return name
+
+
+def in_turns(calls: Sequence[Callable[[], jax.Array]], rounds: int) -> list[list[float]]:
+  """Seconds of each call in each of `rounds` rounds, every call once a round in turn, so
+  that a slow spell of the machine falls on all of them alike."""
+  seconds = [[] for _ in calls]
+  for _ in range(rounds):
+    for call, times in zip(calls, seconds):
+      start = time.perf_counter()
+      call().block_until_ready()
+      times.append(time.perf_counter() - start)
+  return seconds

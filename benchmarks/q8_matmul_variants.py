@@ -19,7 +19,6 @@ import os
 from pathlib import Path
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import flags
@@ -97,12 +96,8 @@ def main(argv):
       for source, y in zip(sources[1:], first[1:]):
         if not np.array_equal(y.view(np.uint32), first[0].view(np.uint32)):
           raise SystemExit(f'{source} differs from {sources[0]} at {n} rows')
-      seconds = [[] for _ in fns]
-      for _ in range(ROUNDS.value):
-        for fn, times in zip(fns, seconds):
-          start = time.perf_counter()
-          fn(x_NxI, copies).block_until_ready()
-          times.append(time.perf_counter() - start)
+      seconds = kernel_variants.in_turns(
+          [lambda fn=fn: fn(x_NxI, copies) for fn in fns], ROUNDS.value)
       per_call = 1e3 / COPIES.value
       print(f'| {n} | ' + ' | '.join(f'{min(t) * per_call:.3f} / {np.median(t) * per_call:.3f}'
                                      for t in seconds) + ' |', flush=True)

@@ -25,7 +25,6 @@ import os
 from pathlib import Path
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import flags
@@ -73,12 +72,8 @@ def main(argv):
       fns = [jax.jit(lambda x, w, t=t: jax.ffi.ffi_call(t, out)(x, w).max(-1)) for t in targets]
       for fn in fns:
         fn(x_NxD, w_VxD).block_until_ready()
-      seconds = [[] for _ in fns]
-      for _ in range(ROUNDS.value):
-        for fn, times in zip(fns, seconds):
-          start = time.perf_counter()
-          fn(x_NxD, w_VxD).block_until_ready()
-          times.append(time.perf_counter() - start)
+      seconds = kernel_variants.in_turns(
+          [lambda fn=fn: fn(x_NxD, w_VxD) for fn in fns], ROUNDS.value)
       print(f'| {n} | ' + ' | '.join(f'{min(t) * 1e3:.1f} / {np.median(t) * 1e3:.1f}'
                                      for t in seconds) + ' |', flush=True)
 

@@ -98,7 +98,12 @@ namespace {
 
 constexpr int kTile = 16;       // head rows per tile: one 512-bit vector of int32 sums
 #if defined(SPECJAX_Q8_ARGMAX_VNNI)
-constexpr int kMaxGroup = 8;    // rows of x per pass over a tile (2 vectors each in registers)
+// Rows of x per pass over a tile (2 vectors each in registers): a verify call over 8 drafts
+// in one pass. With 8, its 9 rows took a pass of 8 and one of 1, and the call 24.6-25.3 ms
+// against 23.0-23.6 with 9 (2-core Zen 4, 7 December 2026, benchmarks/verify_cost.py, two
+// runs each in turns; a third, with the even groups below: 23.3 against 24.1). At batch 4,
+// 20 / 36 rows took 49.8 / 83.8 ms against 48.6 / 82.8 in that run: within its spread.
+constexpr int kMaxGroup = 9;
 #else
 constexpr int kMaxGroup = 8;    // AVX2: 16 vector registers, one accumulator a row (a half tile)
 #endif
@@ -456,11 +461,14 @@ void argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, int64_t N
   argmax_of_candidates<kShift>(
       pool, x, h, fast,
       [&](int64_t t0, int64_t t1, float* floor, std::vector<Candidate>* found, size_t* limit) {
-        // Each group of rows over a few tiles at a time, so the later groups find them in L2.
+        // Each group of rows over a few tiles at a time, so the later groups find them in L2;
+        // as few groups as kMaxGroup allows, of even sizes (20 rows: 7, 7 and 6, not 9, 9, 2).
+        const int64_t groups = (F + kMaxGroup - 1) / kMaxGroup;
+        const int64_t group = (F + groups - 1) / groups;
         for (int64_t s0 = t0; s0 < t1; s0 += kTilesPerPass) {
           const int64_t s1 = std::min(t1, s0 + kTilesPerPass);
-          for (int64_t n0 = 0; n0 < F; n0 += kMaxGroup) {
-            const int g = static_cast<int>(std::min<int64_t>(kMaxGroup, F - n0));
+          for (int64_t n0 = 0; n0 < F; n0 += group) {
+            const int g = static_cast<int>(std::min<int64_t>(group, F - n0));
             scan_fn<kShift>(g)(h, packed.data() + n0, s0, s1, floor + n0, found + n0,
                                limit + n0);
           }

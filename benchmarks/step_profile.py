@@ -20,7 +20,7 @@ head's argmax 5.9 / 6.2 / 7.3, attention 0.3 / 0.7 / 1.1, XLA's operations
 (experiments/2026-12-zen4-gemma270m-cpu/step_profile.txt).
 
 Gemma 3 270M (the embedded GGUF, float32, served as the product serves it),
-greedy, one raw-text Spec-Bench prompt (or the first built-in one).
+greedy, the first raw-text Spec-Bench prompt.
 
   .venv/bin/python benchmarks/step_profile.py --widths=1,5,9
 """
@@ -28,6 +28,7 @@ greedy, one raw-text Spec-Bench prompt (or the first built-in one).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -142,4 +143,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  try:
+    app.run(main)
+  finally:   # the dumps and traces of every width: tens of MB
+    shutil.rmtree(_DUMP, ignore_errors=True)

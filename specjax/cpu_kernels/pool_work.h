@@ -49,6 +49,13 @@ void run_on_pool(xla::ffi::ThreadPool& pool, std::shared_ptr<Job> job) {
 // Output rows [0, O) of a matrix product in chunks of whole panels of
 // `rows_per_panel`, about 8 chunks per thread so that a slow thread does not
 // hold the call up, each chunk run as rows(o0, o1) on the pool.
+// Rows of x per group when N rows are taken at most `max_group` at a time: as few
+// groups as that allows, of even sizes (20 rows at most 9: 7, 7 and 6, not 9, 9 and 2).
+inline int64_t even_group_size(int64_t N, int64_t max_group) {
+  const int64_t groups = (N + max_group - 1) / max_group;
+  return (N + groups - 1) / groups;
+}
+
 template <typename RowsFn>
 struct RowChunks {
   RowChunks(RowsFn rows, int64_t O, int64_t rows_per_chunk)

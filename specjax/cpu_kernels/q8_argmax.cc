@@ -461,10 +461,8 @@ void argmax_rows(ffi::ThreadPool& pool, const float* x, const Head& h, int64_t N
   argmax_of_candidates<kShift>(
       pool, x, h, fast,
       [&](int64_t t0, int64_t t1, float* floor, std::vector<Candidate>* found, size_t* limit) {
-        // Each group of rows over a few tiles at a time, so the later groups find them in L2;
-        // as few groups as kMaxGroup allows, of even sizes (20 rows: 7, 7 and 6, not 9, 9, 2).
-        const int64_t groups = (F + kMaxGroup - 1) / kMaxGroup;
-        const int64_t group = (F + groups - 1) / groups;
+        // Each group of rows over a few tiles at a time, so the later groups find them in L2.
+        const int64_t group = specjax::even_group_size(F, kMaxGroup);
         for (int64_t s0 = t0; s0 < t1; s0 += kTilesPerPass) {
           const int64_t s1 = std::min(t1, s0 + kTilesPerPass);
           for (int64_t n0 = 0; n0 < F; n0 += group) {

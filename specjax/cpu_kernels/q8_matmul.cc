@@ -239,9 +239,9 @@ void pair_rows(const float* x, const Blocks& w, float* y, int64_t O, int64_t I, 
 // q8_matmul_variants.py, w[131072, 640]) 5 rows took 5.90 ms against 6.50 and,
 // with offsets, 6.19 against 6.45 (both beside a layout of x not kept; at 3
 // rows with offsets 6 pairs were slower, 5.29 ms against 4.96, so that stays);
-// with these and sum_halves a greedy verify call
-// over 5 positions cost 1.25-1.26 decode steps against 1.29-1.32 (two runs each,
-// benchmarks/verify_cost.py), over 9 no less (1.73-1.77 against 1.72-1.74).
+// with these and sum_halves a greedy verify call over 5 positions cost 1.25-1.26
+// decode steps against 1.29-1.32 (two runs each, benchmarks/verify_cost.py), over
+// 9 no less (1.73-1.77 against 1.72-1.74).
 constexpr int kPairs[kMaxGroup + 1] = {0, 8, 6, 6, 5, 4, 3, 2, 2, 2};
 constexpr int kOffsetPairs[kMaxGroup + 1] = {0, 8, 6, 5, 4, 4, 3, 2, 2, 2};
 #endif
@@ -269,9 +269,7 @@ GroupFn group_fn(int g) {
 template <int kShift, bool kOffset>
 void panel_rows(const float* x, const Blocks& w, float* y, int64_t N, int64_t O, int64_t I,
                 int64_t o0, int64_t o1) {
-  // As few groups as kMaxGroup allows, of even sizes (20 rows: 10 and 10, not 16 and 4).
-  const int64_t groups = (N + kMaxGroup - 1) / kMaxGroup;
-  const int64_t group = (N + groups - 1) / groups;
+  const int64_t group = specjax::even_group_size(N, kMaxGroup);
   for (int64_t p0 = o0; p0 < o1; p0 += kRowsPerPanel) {
     const int64_t p1 = std::min(o1, p0 + kRowsPerPanel);
     for (int64_t n0 = 0; n0 < N; n0 += group) {

@@ -90,18 +90,40 @@ def nucleus(logits_xV: Array, top_p: float) -> Array:
 
 
 def sample(keys_B: Array, weights_BxV: Array) -> Array:
-  """Draws from unnormalised non-negative weights by an exponential race.
+  """Draws from unnormalised non-negative weights by two exponential races.
 
   argmax(w / E) with E ~ Exp(1) picks index i with probability w_i / sum(w);
-  zero weights can never win and no normalisation or log is needed. One key
-  per row; `weights` may have extra axes between the row and vocab axes.
+  zero weights can never win and no normalisation or log is needed. One race
+  over the whole vocabulary draws V exponentials a row, and on a 2-core CPU
+  that was most of a sampled step: over Gemma's 262,144 tokens 1.5 ms a row,
+  10.6 ms for 5 rows and 100 ms for 32 (against 0.4 / 0.2 / 1.9 ms for the two
+  races below), beside a 14 ms decode step. So the vocabulary is cut into
+  blocks of C (`argmax.chunk_size`, about sqrt(V)): a race over the blocks'
+  sums S_b picks block b with probability S_b / S, and a second race inside it
+  picks i with probability w_i / S_b, so i is drawn with probability w_i / S,
+  from 2 sqrt(V) exponentials. One key per row; `weights` may have extra axes
+  between the row and vocab axes.
   """
-  def row(key, w):
-    race = jax.random.exponential(key, w.shape, dtype=jnp.float32)
-    # race is exactly 0 with probability 2**-23 per entry: 0 / 0 = NaN would win for a
-    # zero weight, so zero weights are masked explicitly.
-    return argmax_lib.argmax(jnp.where(w > 0, w / race, -1.0))
-  return jax.vmap(row)(keys_B, weights_BxV)
+  vocab = weights_BxV.shape[-1]
+  block = argmax_lib.chunk_size(vocab)
+  num_blocks = -(-vocab // block)
+  pad = [(0, 0)] * (weights_BxV.ndim - 1) + [(0, num_blocks * block - vocab)]
+  blocks_BxNxC = jnp.pad(weights_BxV, pad).reshape(*weights_BxV.shape[:-1], num_blocks, block)
+
+  def row(key, w_NxC):
+    outer, inner = jax.random.split(key)
+    b = _race(outer, w_NxC.sum(-1))
+    within = jnp.take_along_axis(w_NxC, b[..., None, None], axis=-2)[..., 0, :]
+    return b * block + _race(inner, within)
+  return jax.vmap(row)(keys_B, blocks_BxNxC)
+
+
+def _race(key: Array, w: Array) -> Array:
+  """argmax(w / E) over the last axis, E ~ Exp(1): index i with probability w_i / sum(w)."""
+  race = jax.random.exponential(key, w.shape, dtype=jnp.float32)
+  # race is exactly 0 with probability 2**-23 per entry: 0 / 0 = NaN would win for a
+  # zero weight, so zero weights are masked explicitly.
+  return argmax_lib.argmax(jnp.where(w > 0, w / race, -1.0))
 
 
 def draw(keys_B: Array, logits_BxV: Array, sampling: SamplingConfig

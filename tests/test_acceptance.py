@@ -361,9 +361,11 @@ def test_sample_never_draws_a_zero_weight_even_when_the_race_has_a_zero(monkeypa
   fold_in(key(0), 811753), shape (8,), entry 3). Then w / race is 0 / 0 = NaN for
   a zero weight, and argmax picks the NaN: an impossible token. Over Gemma's
   262k vocabulary with top-k, about 3% of draws would hit this."""
-  race = jnp.ones((V,), jnp.float32).at[2].set(0.0)
-  monkeypatch.setattr(jax.random, 'exponential', lambda key, shape, dtype=None: race)
-  weights = jnp.asarray([[0.2, 0.3, 0.0, 0.5, 0.0, 0.0]], jnp.float32)
+  # Every entry of both races (over the blocks' sums, then inside a block) exactly 0: a
+  # zero weight's 0 / 0 is NaN everywhere, and only the mask keeps it from winning.
+  monkeypatch.setattr(jax.random, 'exponential',
+                      lambda key, shape, dtype=None: jnp.zeros(shape, jnp.float32))
+  weights = jnp.asarray([[0.0, 0.3, 0.0, 0.5, 0.0, 0.0]], jnp.float32)
   token = int(sampling_lib.sample(sampling_lib.row_keys(0, [0]), weights)[0])
   assert weights[0, token] > 0, f'drew token {token}, whose weight is 0'
 
@@ -375,6 +377,32 @@ def test_sample_follows_its_weights():
   p_value, impossible = chi_square(np.bincount(np.asarray(tokens), minlength=V),
                                    weights / weights.sum())
   assert impossible == 0 and p_value > P_VALUE_OK, p_value
+
+
+def test_sample_over_blocks_follows_its_weights_with_extra_axes():
+  """The two races over blocks (`sampling.sample`) on a vocabulary that is no multiple of
+  the block (37 in blocks of 8: the last block padded), one row of 2 x 37 weights a key.
+  Block 0 holds many small weights and block 1 one large one, so a block chosen by its
+  largest weight instead of its sum (the negative control's distribution) is far off."""
+  vocab = 37
+  assert argmax_lib.chunk_size(vocab) == 8
+  w = np.zeros(vocab, np.float32)
+  w[0:8] = 0.5                  # block 0: sum 4, largest 0.5
+  w[9] = 2.0                    # block 1: sum 2, largest 2
+  w[17], w[36] = 0.25, 1.0      # block 2, and the padded last block
+  weights_2xV = np.stack([w, w[::-1]])
+  keys = sampling_lib.row_keys(11, np.arange(NUM_SAMPLES))
+  tokens = np.asarray(jax.jit(sampling_lib.sample)(
+      keys, jnp.broadcast_to(weights_2xV, (NUM_SAMPLES, 2, vocab))))
+  assert tokens.shape == (NUM_SAMPLES, 2)
+  for k in range(2):
+    counts = np.bincount(tokens[:, k], minlength=vocab)
+    p_value, impossible = chi_square(counts, weights_2xV[k] / weights_2xV[k].sum())
+    assert impossible == 0 and p_value > P_VALUE_OK, (k, p_value)
+  blocks = np.pad(w, (0, 3)).reshape(5, 8)
+  by_max = blocks / blocks.sum(1, keepdims=True).clip(1e-30) * (blocks.max(1) / blocks.max(1).sum())[:, None]
+  p_value, _ = chi_square(np.bincount(tokens[:, 0], minlength=vocab), by_max.ravel()[:vocab])
+  assert p_value < 1e-6, p_value
 
 
 # ---------------------------------------------------------- property tests

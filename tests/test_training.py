@@ -41,6 +41,8 @@ TARGET, TARGET_PARAMS = toy_models.tiny_gemma()
 @pytest.fixture(autouse=True)
 def tiny_target(monkeypatch):
   monkeypatch.setattr(trainer, 'load_target', lambda name: (TARGET, TARGET_PARAMS, 'sha-tiny'))
+  # A toy target has no checkpoint, so no int8 forms: it writes its data as it is.
+  monkeypatch.setattr(trainer, 'generation_params', lambda name, params: params)
 
 
 def config(tmp_path, **overrides) -> trainer.TrainConfig:
@@ -321,6 +323,7 @@ def trained_eagle(tmp_path_factory):
                eagle=dict(steps=2, mlp_width=32, hidden_layers=(0, 1, 3)))
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(trainer, 'load_target', lambda name: (TARGET, TARGET_PARAMS, 'sha-tiny'))
+    patch.setattr(trainer, 'generation_params', lambda name, params: params)
     trainer.train(cfg)
   return cfg
 

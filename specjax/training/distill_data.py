@@ -42,6 +42,7 @@ import numpy as np
 from specjax import sampling as sampling_lib
 from specjax.decoding import autoregressive
 from specjax.experiments import prompts as prompts_lib
+from specjax.models import q8_weights
 
 FORMAT_VERSION = 1
 
@@ -202,7 +203,9 @@ def generate(model, params, recipe: Recipe, directory: str,
     _atomic_write(data_path, lambda f: np.savez(f, **rows._asdict()))
     meta = {'shard': shard, 'sampled': recipe.is_sampled(shard),
             'tokens': int(rows.lengths_N.sum()),
-            'prompted_rows': int((rows.starts_N > 1).sum()), 'recipe': wanted}
+            'prompted_rows': int((rows.starts_N > 1).sum()),
+            # the target as served (int8 blocks, trainer.generation_params) or float32 only
+            'int8_forms': q8_weights.HEAD_FORM in params, 'recipe': wanted}
     _atomic_write(meta_path, lambda f: f.write(json.dumps(meta).encode()))
     spent = time.monotonic() - start
     logging.info('data: shard %d written (%d of %d this run, %.0f s spent, ~%.0f s left)',

@@ -20,9 +20,13 @@ head's argmax 5.9 / 6.2 / 7.3, attention 0.3 / 0.7 / 1.1, XLA's operations
 (experiments/2026-12-zen4-gemma270m-cpu/step_profile.txt).
 
 Gemma 3 270M (the embedded GGUF, float32, served as the product serves it),
-greedy, the first raw-text Spec-Bench prompt.
+greedy (or sampled: `--temperature`), the first raw-text Spec-Bench prompt (or
+the first of `--batch` tasks, one row each); `--top_xla` also lists XLA's
+costliest operations by HLO name (a fusion's name says little; the dump it
+reads has them, until it is removed at the end).
 
   .venv/bin/python benchmarks/step_profile.py --widths=1,5,9
+  .venv/bin/python benchmarks/step_profile.py --widths=1,5 --temperature=1 --batch=4 --top_xla=8
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from absl import flags  # noqa: E402
 import jax  # noqa: E402
 
 from specjax import compile_cache  # noqa: E402
+from specjax import sampling as sampling_lib  # noqa: E402
 from specjax.decoding import autoregressive, draft_length, speculative  # noqa: E402
 from specjax.drafters import make_drafter  # noqa: E402
 
@@ -59,6 +64,9 @@ WIDTHS = flags.DEFINE_list('widths', ['1', '5', '9'], 'Positions a target call s
                            'autoregressive decoding, w > 1 the loop verifying w - 1 drafts.')
 MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Tokens generated.')
 PROMPTS = flags.DEFINE_string('prompts', served.SPEC_BENCH, 'Spec-Bench question.jsonl.')
+TEMPERATURE = flags.DEFINE_float('temperature', 0.0, '0: greedy; > 0: sampled at it.')
+BATCH = flags.DEFINE_integer('batch', 1, 'Rows: the first prompt of this many Spec-Bench tasks.')
+TOP_XLA = flags.DEFINE_integer('top_xla', 0, "Also list XLA's costliest operations, this many.")
 
 _INSTRUCTION = re.compile(r'%([\w.\-]+) = ')
 _CUSTOM_CALL = re.compile(r'%([\w.\-]+) = .*?custom_call_target="([\w.\-]+)"')
@@ -73,6 +81,27 @@ def _newest_program_hlo(before: set[str]) -> str:
   if not dumped:
     raise SystemExit(f'XLA dumped no compiled program into {_DUMP}')
   return open(max(dumped, key=os.path.getsize)).read()
+
+
+_XLA_PREFIX = 'XLA: '
+_OPCODE = re.compile(r'^\s*(?:ROOT )?%[\w.\-]+ = [^=]*? ([a-z][\w\-]*)\(', re.M)
+
+
+def _what_it_does(hlo: str, instruction: str) -> str:
+  """An instruction's shape and opcode, and for a fusion the opcodes it fuses."""
+  line = re.search(rf'^\s*(?:ROOT )?%{re.escape(instruction)} = (.*)$', hlo, re.M)
+  if not line:
+    return ''
+  text = line.group(1)
+  shape = text.split(' ', 1)[0]
+  called = re.search(r'calls=%([\w.\-]+)', text)
+  if not called:
+    op = re.search(r' ([a-z][\w\-]*)\(', text)
+    return f'{op.group(1) if op else "?"} {shape}'
+  body = re.search(rf'^%{re.escape(called.group(1))} .*?^}}', hlo, re.M | re.S)
+  ops = sorted(set(_OPCODE.findall(body.group(0)))
+               - {'parameter', 'constant', 'broadcast', 'bitcast', 'reshape'}) if body else []
+  return f'fusion {shape}: {", ".join(ops)}'
 
 
 def _per_step(trace_dir: str, hlo: str) -> tuple[int, dict[str, float]]:
@@ -93,10 +122,12 @@ def _per_step(trace_dir: str, hlo: str) -> tuple[int, dict[str, float]]:
     name = e['name']
     kernel = kernels.get(name)
     micros[kernel or 'XLA operations'] += e['dur']
+    if not kernel:
+      micros[_XLA_PREFIX + name] += e['dur']
     if kernel:
       calls[name] += 1
   steps = max(calls.values())   # a kernel called once a step (the prefill's calls are others)
-  return steps, {k: v / steps / 1e3 for k, v in micros.items()}
+  return steps, {k: v / steps / 1e3 for k, v in micros.items()}, hlo
 
 
 def main(argv):
@@ -106,18 +137,20 @@ def main(argv):
   compile_cache.enable(tempfile.mkdtemp(prefix='cache-', dir=_DUMP))
   print(cpu_info.describe())
   model, params, tokenizer = served.target()
-  prompts = served.spec_bench_prompts(PROMPTS.value)
-  ids = [tokenizer.encode(prompts[0].text, add_bos=True)]
+  chosen = served.first_of_each_task(PROMPTS.value, BATCH.value)
+  ids = [tokenizer.encode(p.text, add_bos=True) for p in chosen]
+  sampling = sampling_lib.SamplingConfig(temperature=TEMPERATURE.value)
   drafter = make_drafter('ngram', target=model, target_params=params)
   rows = {}
   for width in (int(w) for w in WIDTHS.value):
     if width == 1:
       def run():
-        return autoregressive.generate(model, params, ids, max_new_tokens=MAX_NEW.value)
+        return autoregressive.generate(model, params, ids, max_new_tokens=MAX_NEW.value,
+                                       sampling=sampling)
     else:
       def run(gamma=width - 1):
         return speculative.generate(model, params, drafter, ids, gamma=gamma,
-                                    max_new_tokens=MAX_NEW.value,
+                                    max_new_tokens=MAX_NEW.value, sampling=sampling,
                                     policy=draft_length.fixed(gamma))
     before = set(glob.glob(os.path.join(_DUMP, '*')))
     run()   # compiles, and dumps the program
@@ -128,19 +161,24 @@ def main(argv):
       run()
     rows[width] = _per_step(trace_dir, hlo)
     print(f'width {width}: {rows[width][0]} steps traced', flush=True)
-  names = sorted({k for _, ms in rows.values() for k in ms},
-                 key=lambda k: -max(ms.get(k, 0.0) for _, ms in rows.values()))
-  print(f'\njax {jax.__version__}, Gemma 3 270M float32, greedy, batch 1, {MAX_NEW.value} new '
-        'tokens; ms per step (traced)\n')
+  own = lambda ms: {k: v for k, v in ms.items() if not k.startswith(_XLA_PREFIX)}
+  names = sorted({k for _, ms, _ in rows.values() for k in own(ms)},
+                 key=lambda k: -max(own(ms).get(k, 0.0) for _, ms, _ in rows.values()))
+  how = 'greedy' if sampling.greedy else f'sampled at T = {sampling.temperature:g}'
+  print(f'\njax {jax.__version__}, Gemma 3 270M float32, {how}, batch {len(ids)}, '
+        f'{MAX_NEW.value} new tokens; ms per step (traced)\n')
   print('| | ' + ' | '.join(f'{w} position{"s" * (w > 1)}' for w in rows) + ' |')
   print('|---|' + '---|' * len(rows))
   for name in names + ['total']:
-    cells = []
-    for _, ms in rows.values():
-      value = sum(ms.values()) if name == 'total' else ms.get(name, 0.0)
-      cells.append(f'{value:.2f}')
-    print(f'| {name} | ' + ' | '.join(cells) + ' |')
-
+    cells = [sum(own(ms).values()) if name == 'total' else own(ms).get(name, 0.0)
+             for _, ms, _ in rows.values()]
+    print(f'| {name} | ' + ' | '.join(f'{c:.2f}' for c in cells) + ' |')
+  for width, (_, ms, hlo) in rows.items() if TOP_XLA.value else ():
+    print(f'\nWidth {width}: XLA\'s costliest operations, ms per step\n')
+    xla = sorted((k for k in ms if k.startswith(_XLA_PREFIX)), key=lambda k: -ms[k])
+    for name in xla[:TOP_XLA.value]:
+      instruction = name[len(_XLA_PREFIX):]
+      print(f'- {ms[name]:.3f} {instruction}: {_what_it_does(hlo, instruction)}')
 
 if __name__ == '__main__':
   try:

@@ -25,7 +25,11 @@ from specjax.checkpoints import drafter_io
 from specjax.drafters import draft_vocab
 from specjax.drafters import medusa
 from specjax.experiments import prompts as prompts_lib
-from specjax.experiments.config import ConfigError
+from specjax.experiments import loading
+from specjax.experiments.config import ConfigError, TINY_RANDOM
+from specjax.models import gemma
+from specjax.models import q8_weights
+from specjax.models.language_model import LanguageModel
 from specjax.training import distill_data
 from specjax.training import medusa_objective as objective
 from specjax.training import trainer
@@ -36,6 +40,7 @@ from specjax.models.config import tiny_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TARGET, TARGET_PARAMS = toy_models.tiny_gemma()
+GENERATION_PARAMS = trainer.generation_params   # the fixture below patches it for toy targets
 
 
 @pytest.fixture(autouse=True)
@@ -389,6 +394,31 @@ def test_killed_data_generation_resumes_without_gaps_or_duplicates(tmp_path):
   assert [r.is_sampled(s) for s in range(3)].count(True) in (1, 2)   # greedy and sampled
   with pytest.raises(ValueError, match='another recipe.*seed'):
     distill_data.generate(TARGET, TARGET_PARAMS, recipe(seed=2), directory)
+
+
+def test_the_target_writes_its_data_as_served_with_its_int8_forms(tmp_path, monkeypatch):
+  """A checkpoint whose matrices are int8 blocks (the 270M's formats) writes its data from
+  its int8 forms (`trainer.generation_params`: greedy rows through the head's argmax
+  kernel where it serves): the same tokens as from its float32 params, greedy and sampled
+  shards alike, and each shard says which params wrote it."""
+  cfg = tiny_config(vocab_size=96)
+  params = toy_models.gguf_like_params(
+      jax.tree.map(lambda x: x * 1.5, gemma.init_params(cfg, jax.random.key(4))))
+  model = LanguageModel(cfg)
+  # The forms made in memory, not kept in the weight cache under a made-up name.
+  monkeypatch.setattr(loading, 'cached_forms', lambda name, p: q8_weights.all_forms(p))
+  served = GENERATION_PARAMS('a-gguf-checkpoint', params)
+  assert q8_weights.HEAD_FORM in served
+  r = recipe(seq_len=20, sequences_per_shard=5)
+  assert distill_data.generate(model, served, r, str(tmp_path / 'q8')) == [0, 1, 2]
+  distill_data.generate(model, params, r, str(tmp_path / 'f32'))
+  for name, field in zip(('tokens_NxL', 'lengths_N', 'starts_N'), range(3)):
+    np.testing.assert_array_equal(distill_data.load(str(tmp_path / 'q8'))[field],
+                                  distill_data.load(str(tmp_path / 'f32'))[field], err_msg=name)
+  for directory, forms in (('q8', True), ('f32', False)):
+    with open(distill_data.shard_paths(str(tmp_path / directory), 0)[1], encoding='utf-8') as f:
+      assert json.load(f)['int8_forms'] is forms
+  assert GENERATION_PARAMS(TINY_RANDOM, params) is params
 
 
 def test_prompted_rows_start_from_the_prompts_and_mark_where_the_target_began(tmp_path):

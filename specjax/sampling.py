@@ -95,9 +95,9 @@ def sample(keys_B: Array, weights_BxV: Array) -> Array:
   argmax(w / E) with E ~ Exp(1) picks index i with probability w_i / sum(w);
   zero weights can never win and no normalisation or log is needed. One race
   over the whole vocabulary draws V exponentials a row, and on a 2-core CPU
-  that was most of a sampled step: over Gemma's 262,144 tokens 1.5 ms a row,
-  10.6 ms for 5 rows and 100 ms for 32 (against 0.4 / 0.2 / 1.9 ms for the two
-  races below), beside a 14 ms decode step. So the vocabulary is cut into
+  that was most of a sampled step: over Gemma's 262,144 tokens 1.43 ms a row,
+  7.30 ms for 5 rows and 95 ms for 32 (against 0.11 / 0.24 / 1.44 ms for the
+  two races below; benchmarks/sampling_cost.py), beside a 14 ms decode step. So the vocabulary is cut into
   blocks of C (`argmax.chunk_size`, about sqrt(V)): a race over the blocks'
   sums S_b picks block b with probability S_b / S, and a second race inside it
   picks i with probability w_i / S_b, so i is drawn with probability w_i / S,

@@ -10,6 +10,7 @@ that command, and is matched by the package-data globs, so a wheel carries it.
 import dataclasses
 import json
 import pathlib
+import re
 import tomllib
 
 import jax
@@ -61,16 +62,24 @@ def test_each_trained_drafter_names_its_target_command_and_curve():
     kind = directory.name.removeprefix('gemma3-270m-')
     assert manifest['kind'] == kind
     assert manifest['train_config']['target'] == 'embedded:gemma3-270m'
-    assert manifest['command'].startswith(
-        f'python -m specjax.train --config=configs/train_{kind}.py')
-    assert manifest['command'] in readme and directory.name in readme
-    # The config file alone remakes it: every value the run recorded is the file's default
-    # (output_dir aside: where that run wrote). Keys added since are not in the manifest.
+    command = manifest['command']
+    assert command.startswith(f'python -m specjax.train --config=configs/train_{kind}.py')
+    assert command in readme and directory.name in readme
+    # The config file alone remakes it: every value the run recorded is the file's value
+    # for the recipe the command names (`:<recipe>`; output_dir aside: where that run
+    # wrote). Keys added since are not in the manifest.
+    recipe = re.match(rf'python -m specjax.train --config=configs/train_{kind}.py(?::(\w+))?',
+                      command).group(1)
     recorded = manifest['train_config']
-    remade = json.loads(json.dumps(dataclasses.asdict(
-        trainer.TrainConfig.from_config(config_files.load(f'train_{kind}').get_config()))))
+    remade = json.loads(json.dumps(dataclasses.asdict(trainer.TrainConfig.from_config(
+        config_files.load(f'train_{kind}').get_config(recipe)))))
     for key, value in recorded.items():
       if key == 'output_dir':
+        continue
+      if key == 'init_from' and value == 'embedded' and remade[key]:
+        # Continued from the drafter shipped then, which the recipe's own init_from makes:
+        # the manifest records where it started and that drafter's command, also named here.
+        assert manifest['init_from']['command'] in readme, manifest['init_from']
         continue
       if isinstance(value, dict):
         assert {k: remade[key].get(k) for k in value} == value, (kind, key)

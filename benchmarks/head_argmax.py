@@ -28,7 +28,18 @@ argmax (the three interleaved, so each reads the head from memory, as in a
 forward pass: timed alone, each call finds much of it in the 300 MB L3 and
 runs faster).
 
-  .venv/bin/python benchmarks/head_argmax.py [--prompts=12] [--tokens=200] [--repeats=7]
+With `--screen_bits`, on any CPU, the candidates under the screen's bound with x
+rounded to fewer bits, one unit a row. On the 2-core Zen 4 of 7 December 2026
+(no AMX; experiments/2026-12-zen4-gemma270m-cpu/head_argmax_screen_bits.txt),
+one signed byte (7 bits, what a VNNI pass over the screen would take: x + 128
+against the table's bytes) left 5,378 candidates at the median and 38,131 at
+the 90th percentile; 9 bits 66 / 475, 10 bits 30 / 154, 14 bits 14 / 54. One
+unit a row spends x's bits on its largest feature, and Gemma's final hidden
+state has a few far larger than the rest; the per-block steps of the tiles'
+pass do not.
+
+  .venv/bin/python benchmarks/head_argmax.py [--prompts=12] [--tokens=200] [--repeats=7] \
+      [--screen_bits=7,9,10,14]
 """
 
 from __future__ import annotations
@@ -64,6 +75,10 @@ NUM_PROMPTS = flags.DEFINE_integer('prompts', 12, 'Prompts, spread evenly over t
 TOKENS = flags.DEFINE_integer('tokens', 200, 'Tokens of each prompt (raw text) run through.')
 ROWS = flags.DEFINE_list('rows', ['1', '5', '9', '20', '36'], 'Rows (positions) per timed call.')
 REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed calls of each; the best is printed.')
+SCREEN_BITS = flags.DEFINE_list(
+    'screen_bits', [], 'Also count candidates under the screen\'s bound with x rounded to these '
+    'many bits, one unit a row (7: one signed byte, what a VNNI pass over the screen would take; '
+    'the AMX pass keeps 14), on any CPU.')
 
 
 def hidden_states(model, params, tokenizer) -> np.ndarray:
@@ -100,24 +115,31 @@ def candidate_counts(h_NxD: np.ndarray, q_VxD: np.ndarray, scale_VxB: np.ndarray
   return np.asarray(kernel), np.asarray(per_block)
 
 
-def screen_candidate_counts(h_NxD: np.ndarray, q_VxD: np.ndarray, scale_VxB: np.ndarray
-                            ) -> np.ndarray:
-  """Candidates per position under the AMX screen's bound (q8_argmax.cc's `screen_row`)."""
+def screen_candidate_counts(h_NxD: np.ndarray, q_VxD: np.ndarray, scale_VxB: np.ndarray,
+                            kept_bits: int = 14) -> tuple[np.ndarray, np.ndarray]:
+  """Candidates per position under the AMX screen's bound (q8_argmax.cc's `screen_row`) with
+  x as integers of `kept_bits` (the screen's 14: two bytes), and per position the share of
+  4-input groups where some |X| >= 128 (that one signed byte cannot hold)."""
   v, d = q_VxD.shape
   screen, meta = q8_argmax.screen_form(q_VxD, scale_VxB)
   r_VxD = screen.reshape(v // 16, d // 4, 16, 4).transpose(0, 2, 1, 3).reshape(v, d)
   s_V, l1_V, err_V = meta.reshape(v // 16, 3, 16).transpose(1, 0, 2).reshape(3, v)
-  counts = []
-  for x in h_NxD:
-    amax = float(np.abs(x).max())
-    unit = 2.0 ** (np.frexp(amax)[1] - 14)
-    X = np.rint(x / unit)
-    approx_V = s_V * (r_VxD.astype(np.float32) @ X.astype(np.float32)) * unit
-    per_l1 = (unit / 2 + amax / 65536) * (1 + 1 / 16)
-    per_err = (unit * np.abs(X).sum() + d * amax / 2 ** 20) * (1 + 1 / 16)
-    bound_V = l1_V * per_l1 + err_V * per_err
-    counts.append(int(np.sum(approx_V + bound_V >= np.max(approx_V - bound_V))))
-  return np.asarray(counts)
+  r_VxD = r_VxD.astype(np.float32)   # float32 sums, rounded as the kernel's a[o] may be
+  counts, wide = [], []
+  for start in range(0, len(h_NxD), 64):
+    x_NxD = h_NxD[start:start + 64]
+    amax_N = np.abs(x_NxD).max(1).astype(np.float64)
+    unit_N = 2.0 ** (np.frexp(amax_N)[1] - kept_bits)
+    X_NxD = np.rint(x_NxD / unit_N[:, None])
+    sums_VxN = (r_VxD @ X_NxD.T.astype(np.float32)).astype(np.float64)
+    for n in range(len(x_NxD)):
+      approx_V = s_V * sums_VxN[:, n] * unit_N[n]
+      per_l1 = (unit_N[n] / 2 + amax_N[n] / 65536) * (1 + 1 / 16)
+      per_err = (unit_N[n] * np.abs(X_NxD[n]).sum() + d * amax_N[n] / 2 ** 20) * (1 + 1 / 16)
+      bound_V = l1_V * per_l1 + err_V * per_err
+      counts.append(int(np.sum(approx_V + bound_V >= np.max(approx_V - bound_V))))
+      wide.append(float((np.abs(X_NxD[n]) >= 128).reshape(-1, 4).any(1).mean()))
+  return np.asarray(counts), np.asarray(wide)
 
 
 def _summary(counts: np.ndarray) -> str:
@@ -149,7 +171,11 @@ def main(argv):
   screen_arrays = q8_argmax.screen_form(np.asarray(q), np.asarray(scale))
   if q8_argmax.screen_available():
     print(f'candidates, the AMX screen\'s bound: '
-          f'{_summary(screen_candidate_counts(h_NxD, np.asarray(q), np.asarray(scale)))}')
+          f'{_summary(screen_candidate_counts(h_NxD, np.asarray(q), np.asarray(scale))[0])}')
+  for bits in (int(b) for b in SCREEN_BITS.value):
+    counts, wide = screen_candidate_counts(h_NxD, np.asarray(q), np.asarray(scale), bits)
+    print(f'candidates, the screen\'s bound with x in {bits} bits: {_summary(counts)}; '
+          f'4-input groups past one byte: mean {wide.mean():.3f}, most {wide.max():.3f}')
 
   by_kernel = jax.jit(lambda x: q8_argmax.head_argmax(x, *tiles, q, scale))
   by_screen = (jax.jit(lambda x: q8_argmax.screen_argmax(x, *screen_arrays, q, scale))

@@ -360,3 +360,51 @@ def test_the_run_summary_counts_verify_calls_without_plain_steps():
   del rows[1]['plain_calls']   # an older row: taken as gamma drafts per verify call
   figures = summary.summarize(rows, ['autoregressive', 'eagle'])['methods']['eagle']
   assert figures['acceptance_by_position'] == [12 / 13, 6 / 13, 2 / 13]
+
+
+def _cells(records):
+  return ''.join(json.dumps(dict(status='ok', **r)) + '\n' for r in records)
+
+
+def test_cells_that_differ_by_a_drafter_setting_are_reported_as_methods_of_their_own(tmp_path):
+  """A sweep may run one drafter with two settings (two `eagle.checkpoint`s): their rows are
+  the same method, prompt and setting but differ, so each is named by the setting that tells
+  the cells apart. A cell no row of which collides keeps its plain name; prompts chosen by
+  cell (`categories`) never collide; the baseline keeps its name."""
+  lines = [json.loads(line) for line in (FIXTURE / 'results.jsonl').read_text().splitlines()]
+  baseline = [r for r in lines if r['method'] == 'autoregressive']
+  ngram = [r for r in lines if r['method'] == 'ngram' and r['gamma'] == 4]
+  other = [dict(r, fingerprint=r['fingerprint'] + '-other', wall_s=r['wall_s'] * 2)
+           for r in ngram]
+  (tmp_path / 'cells.jsonl').write_text(_cells([
+      dict(overrides={'drafters': ['ngram'], 'ngram.max_n': 3, 'categories': ['a']},
+           rows=baseline + ngram),
+      dict(overrides={'drafters': ['ngram'], 'ngram.max_n': 5, 'categories': ['a']},
+           rows=baseline + other)]))
+  rows = rows_lib.read_rows(str(tmp_path))
+  assert sorted({r.method for r in rows}) == ['autoregressive', 'ngram [ngram.max_n=3]',
+                                              'ngram [ngram.max_n=5]']
+  text = pathlib.Path(report.write_report(str(tmp_path), str(tmp_path / 'out'), plots=False,
+                                          command='cmd')).read_text()
+  assert '| ngram [ngram.max_n=3] | 4 | 0 | 1 | 2 |' in text
+  assert '| ngram [ngram.max_n=5] | 4 | 0 | 1 | 2 |' in text
+  # Cells over different prompts (their overrides differ too) collide nowhere: plain names.
+  by_prompt = tmp_path / 'by_prompt'
+  by_prompt.mkdir()
+  of_prompt = lambda p: [r for r in baseline + other if r['prompt_id'] == p]  # noqa: E731
+  (by_prompt / 'cells.jsonl').write_text(_cells([
+      dict(overrides={'categories': ['a']}, rows=of_prompt('p1')),
+      dict(overrides={'categories': ['b']}, rows=of_prompt('p2'))]))
+  assert {r.method for r in rows_lib.read_rows(str(by_prompt))} == {'autoregressive', 'ngram'}
+
+
+def test_cells_whose_rows_collide_with_nothing_to_tell_them_apart_are_an_error(tmp_path):
+  lines = [json.loads(line) for line in (FIXTURE / 'results.jsonl').read_text().splitlines()]
+  ngram = [r for r in lines if r['method'] == 'ngram' and r['gamma'] == 4]
+  other = [dict(r, fingerprint=r['fingerprint'] + '-other') for r in ngram]
+  (tmp_path / 'cells.jsonl').write_text(_cells([
+      dict(overrides={'drafters': ['ngram']}, rows=ngram),
+      dict(overrides={'drafters': ['ngram']}, rows=other)]))
+  with pytest.raises(rows_lib.ReportError,
+                     match=r'cells\.jsonl:1 row 0 and .*cells\.jsonl:2 row 0'):
+    rows_lib.read_rows(str(tmp_path))

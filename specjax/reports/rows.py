@@ -84,7 +84,9 @@ def read_rows(directory: str) -> list[Row]:
 
   The same row in two files (equal fingerprints, or equal rows) counts once;
   two different rows for one prompt and setting are an error, since which
-  one a figure should use is the reader's call.
+  one a figure should use is the reader's call. In a sweep's cells.jsonl, cells
+  whose overrides tell such rows apart (one drafter with two checkpoints) are
+  methods of their own, named by those overrides: 'eagle [eagle.checkpoint=...]'.
   """
   if not os.path.isdir(directory):
     raise ReportError(f'{directory}: no such directory')
@@ -116,20 +118,57 @@ SWEEP_CELLS = 'cells.jsonl'   # a sweep's records: each 'ok' line carries its ce
 
 def _read_file(path: str):
   """(Row, raw) pairs of a rows file, or of the rows inside a sweep's cell records."""
-  if os.path.basename(path) == SWEEP_CELLS:
-    for record, where in _lines(path):
-      if record.get('status') != 'ok':
-        continue
-      rows = record.get('rows')
-      if not isinstance(rows, list):
-        raise ReportError(f'{where}: a sweep cell record without a list of rows')
-      for i, raw in enumerate(rows):
-        if not isinstance(raw, dict):
-          raise ReportError(f'{where}: row {i} of the cell is not a JSON object')
-        yield _row(raw, f'{where} row {i}'), raw
+  if os.path.basename(path) != SWEEP_CELLS:
+    for raw, where in _lines(path):
+      yield _row(raw, where), raw
     return
-  for raw, where in _lines(path):
-    yield _row(raw, where), raw
+  cells = []   # (overrides, [(Row, raw)]) of each ok cell
+  for record, where in _lines(path):
+    if record.get('status') != 'ok':
+      continue
+    rows = record.get('rows')
+    if not isinstance(rows, list):
+      raise ReportError(f'{where}: a sweep cell record without a list of rows')
+    for i, raw in enumerate(rows):
+      if not isinstance(raw, dict):
+        raise ReportError(f'{where}: row {i} of the cell is not a JSON object')
+    overrides = record.get('overrides')
+    cells.append((overrides if isinstance(overrides, dict) else {},
+                  [(_row(raw, f'{where} row {i}'), raw) for i, raw in enumerate(rows)]))
+  labels = _distinguishing_overrides(cells)
+  for overrides, rows in cells:
+    suffix = ', '.join(f'{key}={overrides[key]}' for key in labels if key in overrides)
+    for row, raw in rows:
+      if suffix and row.method != BASELINE:
+        row = dataclasses.replace(row, method=f'{row.method} [{suffix}]')
+      yield row, raw
+
+
+def _distinguishing_overrides(cells) -> list[str]:
+  """The override keys that tell apart two of a sweep's cells whose rows would otherwise be
+  the same method, prompt and setting but differ (e.g. two `eagle.checkpoint` values): a
+  report names those cells' methods with them. Keys that only select prompts or set what
+  the setting already holds never collide, so they name nothing."""
+  first = {}   # (prompt, setting) -> (cell index, row)
+  keys = set()
+  for index, (overrides, rows) in enumerate(cells):
+    for row, _ in rows:
+      if row.method == BASELINE:
+        continue
+      key = (row.prompt_id, *row.setting)
+      if key not in first:
+        first[key] = index, row
+        continue
+      other_index, other = first[key]
+      if other_index == index or (row.fingerprint and row.fingerprint == other.fingerprint):
+        continue
+      other_overrides = cells[other_index][0]
+      keys |= {k for k in set(overrides) | set(other_overrides)
+               if overrides.get(k, _ABSENT) != other_overrides.get(k, _ABSENT)}
+  return sorted(keys)
+
+
+_ABSENT = object()
 
 
 def _lines(path: str):

@@ -27,6 +27,7 @@ reads has them, until it is removed at the end).
 
   .venv/bin/python benchmarks/step_profile.py --widths=1,5,9
   .venv/bin/python benchmarks/step_profile.py --widths=1,5 --temperature=1 --batch=4 --top_xla=8
+  .venv/bin/python benchmarks/step_profile.py --widths=1 --drafter=hybrid --plain_loop --top_xla=12
 """
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ PROMPTS = flags.DEFINE_string('prompts', served.SPEC_BENCH, 'Spec-Bench question
 TEMPERATURE = flags.DEFINE_float('temperature', 0.0, '0: greedy; > 0: sampled at it.')
 BATCH = flags.DEFINE_integer('batch', 1, 'Rows: the first prompt of this many Spec-Bench tasks.')
 TOP_XLA = flags.DEFINE_integer('top_xla', 0, "Also list XLA's costliest operations, this many.")
+DRAFTER = flags.DEFINE_enum('drafter', 'ngram', ['ngram', 'eagle', 'hybrid'],
+                            "The loop's drafter (eagle and hybrid: the shipped EAGLE drafter).")
+PLAIN_LOOP = flags.DEFINE_bool('plain_loop', False,
+                               'Also profile the loop with every step plain (drafting priced '
+                               'out, as drafter_speed.py --never_drafts): what carrying the '
+                               'drafter costs a step it does not draft in.')
+# Drafting priced out: every step is plain (buckets 0, 2, 4; a call of drafts at 50+ decode steps).
+_PRICED_OUT = draft_length.Policy(buckets=(0, 2, 4), costs=(1.0, 50.0, 60.0))
 
 _INSTRUCTION = re.compile(r'%([\w.\-]+) = ')
 _CUSTOM_CALL = re.compile(r'%([\w.\-]+) = .*?custom_call_target="([\w.\-]+)"')
@@ -140,10 +149,20 @@ def main(argv):
   chosen = served.first_of_each_task(PROMPTS.value, BATCH.value)
   ids = [tokenizer.encode(p.text, add_bos=True) for p in chosen]
   sampling = sampling_lib.SamplingConfig(temperature=TEMPERATURE.value)
-  drafter = make_drafter('ngram', target=model, target_params=params)
+  if DRAFTER.value == 'ngram':
+    drafter = make_drafter('ngram', target=model, target_params=params)
+  else:
+    drafter = make_drafter(DRAFTER.value, target=model, trained=served.shipped_eagle(model),
+                           target_params=params)
   rows = {}
-  for width in (int(w) for w in WIDTHS.value):
-    if width == 1:
+  widths = [int(w) for w in WIDTHS.value] + (['plain'] if PLAIN_LOOP.value else [])
+  for width in widths:
+    if width == 'plain':
+      def run():
+        return speculative.generate(model, params, drafter, ids, gamma=4,
+                                    max_new_tokens=MAX_NEW.value, sampling=sampling,
+                                    policy=_PRICED_OUT)
+    elif width == 1:
       def run():
         return autoregressive.generate(model, params, ids, max_new_tokens=MAX_NEW.value,
                                        sampling=sampling)
@@ -167,7 +186,9 @@ def main(argv):
   how = 'greedy' if sampling.greedy else f'sampled at T = {sampling.temperature:g}'
   print(f'\njax {jax.__version__}, Gemma 3 270M float32, {how}, batch {len(ids)}, '
         f'{MAX_NEW.value} new tokens; ms per step (traced)\n')
-  print('| | ' + ' | '.join(f'{w} position{"s" * (w > 1)}' for w in rows) + ' |')
+  label = lambda w: (f'{DRAFTER.value} loop, every step plain' if w == 'plain'  # noqa: E731
+                     else f'{w} position{"s" * (w > 1)}')
+  print('| | ' + ' | '.join(label(w) for w in rows) + ' |')
   print('|---|' + '---|' * len(rows))
   for name in names + ['total']:
     cells = [sum(own(ms).values()) if name == 'total' else own(ms).get(name, 0.0)

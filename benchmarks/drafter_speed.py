@@ -64,8 +64,6 @@ UNPLANNED = flags.DEFINE_bool('unplanned', False,
                               'one history for both sources and every step priced without the '
                               "network's drafting.")
 
-# Drafting priced out: every step is plain (buckets 0, 2, 4; a call of drafts at 50+ decode steps).
-_PRICED_OUT = draft_length.Policy(buckets=(0, 2, 4), costs=(1.0, 50.0, 60.0))
 
 
 def _drafters(name, model, params):
@@ -138,7 +136,7 @@ def main(argv):
           [measured_policy(label, drafter, p.tokens_BxS.shape[1], drafting_known=False)
            for p in packed])
     if NEVER_DRAFTS.value:
-      runs[label + ', never drafts'] = speculative_run(drafter, [_PRICED_OUT] * len(packed))
+      runs[label + ', never drafts'] = speculative_run(drafter, [served.PRICED_OUT] * len(packed))
   # The cost-measuring programs are not needed again; every compiled program stays mapped
   # in memory, and with them 13 tasks x 7 drafters ran past the kernel's limit of memory
   # maps (LLVM: 'Cannot allocate memory').

@@ -15,6 +15,7 @@ from specjax import checkpoints
 from specjax import compile_cache
 from specjax.checkpoints import drafter_io
 from specjax.checkpoints import embedded
+from specjax.decoding import draft_length
 from specjax.experiments import prompts as prompts_lib
 from specjax.models import q8_weights
 from specjax.models.language_model import LanguageModel
@@ -26,6 +27,9 @@ import cpu_info  # noqa: E402  pylint: disable=g-import-not-at-top
 TARGET = 'embedded:gemma3-270m'
 SPEC_BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'shared',
                           'data', 'spec_bench_question.jsonl')
+# Drafting priced out: every step is plain (buckets 0, 2, 4; a call of drafts at 50+ decode
+# steps), so a loop carries its drafter and never drafts.
+PRICED_OUT = draft_length.Policy(buckets=(0, 2, 4), costs=(1.0, 50.0, 60.0))
 
 
 def spec_bench_prompts(path: str):

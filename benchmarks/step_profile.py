@@ -74,8 +74,6 @@ PLAIN_LOOP = flags.DEFINE_bool('plain_loop', False,
                                'Also profile the loop with every step plain (drafting priced '
                                'out, as drafter_speed.py --never_drafts): what carrying the '
                                'drafter costs a step it does not draft in.')
-# Drafting priced out: every step is plain (buckets 0, 2, 4; a call of drafts at 50+ decode steps).
-_PRICED_OUT = draft_length.Policy(buckets=(0, 2, 4), costs=(1.0, 50.0, 60.0))
 
 _INSTRUCTION = re.compile(r'%([\w.\-]+) = ')
 _CUSTOM_CALL = re.compile(r'%([\w.\-]+) = .*?custom_call_target="([\w.\-]+)"')
@@ -161,7 +159,7 @@ def main(argv):
       def run():
         return speculative.generate(model, params, drafter, ids, gamma=4,
                                     max_new_tokens=MAX_NEW.value, sampling=sampling,
-                                    policy=_PRICED_OUT)
+                                    policy=served.PRICED_OUT)
     elif width == 1:
       def run():
         return autoregressive.generate(model, params, ids, max_new_tokens=MAX_NEW.value,

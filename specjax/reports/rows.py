@@ -96,10 +96,10 @@ def read_rows(directory: str) -> list[Row]:
   rows, seen = [], {}
   for path in paths:
     for row, raw in _read_file(path):
-      key = (row.prompt_id, *row.setting)
+      key = _key(row)
       if key in seen:
         first, first_raw = seen[key]
-        if raw == first_raw or (row.fingerprint and row.fingerprint == first.fingerprint):
+        if _same(row, raw, first, first_raw):
           continue
         raise ReportError(
             f'{first.where} and {row.where} are both prompt {row.prompt_id!r}, method '
@@ -113,7 +113,18 @@ def read_rows(directory: str) -> list[Row]:
   return rows
 
 
+def _key(row: Row) -> tuple:
+  """What two rows of one figure may not both have: the prompt and the setting."""
+  return (row.prompt_id, *row.setting)
+
+
+def _same(row: Row, raw: dict, other: Row, other_raw: dict) -> bool:
+  """Whether two rows with one key are one row read twice (equal, or equal fingerprints)."""
+  return raw == other_raw or bool(row.fingerprint and row.fingerprint == other.fingerprint)
+
+
 SWEEP_CELLS = 'cells.jsonl'   # a sweep's records: each 'ok' line carries its cell's rows
+_ABSENT = object()            # an override a cell does not set
 
 
 def _read_file(path: str):
@@ -149,26 +160,23 @@ def _distinguishing_overrides(cells) -> list[str]:
   the same method, prompt and setting but differ (e.g. two `eagle.checkpoint` values): a
   report names those cells' methods with them. Keys that only select prompts or set what
   the setting already holds never collide, so they name nothing."""
-  first = {}   # (prompt, setting) -> (cell index, row)
+  first = {}   # (prompt, setting) -> (cell index, row, raw)
   keys = set()
   for index, (overrides, rows) in enumerate(cells):
-    for row, _ in rows:
+    for row, raw in rows:
       if row.method == BASELINE:
         continue
-      key = (row.prompt_id, *row.setting)
+      key = _key(row)
       if key not in first:
-        first[key] = index, row
+        first[key] = index, row, raw
         continue
-      other_index, other = first[key]
-      if other_index == index or (row.fingerprint and row.fingerprint == other.fingerprint):
+      other_index, other, other_raw = first[key]
+      if other_index == index or _same(row, raw, other, other_raw):
         continue
       other_overrides = cells[other_index][0]
       keys |= {k for k in set(overrides) | set(other_overrides)
                if overrides.get(k, _ABSENT) != other_overrides.get(k, _ABSENT)}
   return sorted(keys)
-
-
-_ABSENT = object()
 
 
 def _lines(path: str):

@@ -3,7 +3,9 @@ r"""An EAGLE-3-style drafter for the embedded Gemma 3 270M, trained on its own t
   python -m specjax.train --config=configs/train_eagle.py
   python -m specjax.train --config=configs/train_eagle.py:tiny   # seconds; what CI runs
   python -m specjax.train --config=configs/train_eagle.py:instructions   # the second run,
-      # continuing the drafter the first command wrote: together, the shipped drafter
+      # continuing the drafter the first command wrote
+  python -m specjax.train --config=configs/train_eagle.py:requests   # the third, continuing
+      # the second's
 
 One decoder layer over the target's residual stream at layers 2, 9 and 15
 (EAGLE-3's low, middle and high), fused, and the next token's embedding;
@@ -51,6 +53,18 @@ VARIANTS = {
         data_dir='results/distill-gemma3-270m-instructions-1m', steps=1000,
         init_from='results/train_eagle/drafter', learning_rate=5e-4, final_learning_rate=5e-5,
         output_dir='results/train_eagle-instructions'),
+    # The third run: the second run's drafter trained further on the target's text after 128
+    # other hand-written requests (specjax/prompts/requests.jsonl, other topics than the
+    # instructions, none from Spec-Bench), 3 rows in 4, BOS alone for the rest (seed 1: not
+    # the second run's BOS rows); 64 shards of 32 rows of 256 tokens, 512k tokens, 4 held
+    # out; 500 steps of 8 rows, two passes, at the second run's learning rate.
+    'requests': dict(
+        data=dict(num_shards=64, sequences_per_shard=32, seq_len=256, start_tokens=8,
+                  sampled_fraction=0.25, seed=1, bos_id=2, eos_ids=(1, 106),
+                  prompts='requests', prompted_fraction=0.75, start_top_p=0.9),
+        data_dir='results/distill-gemma3-270m-requests-512k', steps=500,
+        init_from='results/train_eagle-instructions/drafter', learning_rate=5e-4,
+        final_learning_rate=5e-5, output_dir='results/train_eagle-requests'),
 }
 
 

@@ -622,7 +622,8 @@ def test_a_drafter_checkpoint_for_another_target_or_damaged_is_refused(tmp_path)
     ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24, 'shards': 2},
      "config.data: .*unexpected keyword argument 'shards'"),
     ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24, 'prompts': 'wiki'},
-     "config.data.prompts is 'wiki'; known: '' \\(BOS only\\), calibration, instructions"),
+     "config.data.prompts is 'wiki'; known: '' \\(BOS only\\), calibration, instructions, "
+     'requests'),
     ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24,
               'prompted_fraction': 0.5}, 'data.prompts must name a prompt set'),
     ('data', {'num_shards': 3, 'sequences_per_shard': 8, 'seq_len': 24,
@@ -639,24 +640,36 @@ def test_the_training_prompt_sets_are_the_package_files_they_name():
     text = (importlib.resources.files('specjax.prompts') / file).read_bytes()
     assert sha == hashlib.sha256(text).hexdigest()   # the provenance a shard records
     assert len({p.id for p in prompts}) == len(prompts) == text.count(b'\n')
+  kinds = {'writing', 'roleplay', 'reasoning', 'math', 'coding', 'extraction', 'stem',
+           'humanities', 'translation', 'summarization', 'qa', 'math_reasoning', 'rag'}
   instructions, _ = prompts_lib.prompt_set('instructions')
-  assert len(instructions) == 128
-  assert {p.category for p in instructions} == {
-      'writing', 'roleplay', 'reasoning', 'math', 'coding', 'extraction', 'stem', 'humanities',
-      'translation', 'summarization', 'qa', 'math_reasoning', 'rag'}
+  requests, _ = prompts_lib.prompt_set('requests')
+  for prompts in (instructions, requests):
+    assert len(prompts) == 128
+    assert {p.category for p in prompts} == kinds
+  # The requests are other prompts, not the instructions again.
+  assert not {p.text for p in instructions} & {p.text for p in requests}
   with pytest.raises(ConfigError, match="unknown prompt set 'wiki'; known: calibration, "
-                                        'instructions'):
+                                        'instructions, requests'):
     prompts_lib.prompt_set('wiki')
 
 
-def test_the_instructions_recipe_is_a_valid_training_config():
-  cfg = trainer.TrainConfig.from_config(
-      config_files.load('train_eagle').get_config('instructions'))
+@pytest.mark.parametrize('variant, prompts, tokens, continues', [
+    ('instructions', 'instructions', 1 << 20, ''),
+    ('requests', 'requests', 1 << 19, 'instructions'),
+])
+def test_the_continuing_recipes_are_valid_training_configs(variant, prompts, tokens, continues):
+  train_eagle = config_files.load('train_eagle')
+  cfg = trainer.TrainConfig.from_config(train_eagle.get_config(variant))
   assert cfg.drafter == 'eagle' and cfg.target == 'embedded:gemma3-270m'
   data = distill_data.Recipe(target=cfg.target, target_sha256='', **cfg.data)
-  assert (data.prompts, data.prompted_fraction, data.seq_len) == ('instructions', 0.75, 256)
-  assert data.num_shards * data.sequences_per_shard * data.seq_len == 1 << 20
-  assert cfg.output_dir != config_files.load('train_eagle').get_config().output_dir
+  assert (data.prompts, data.prompted_fraction, data.seq_len) == (prompts, 0.75, 256)
+  assert data.num_shards * data.sequences_per_shard * data.seq_len == tokens
+  assert cfg.output_dir != train_eagle.get_config().output_dir
+  # Each run starts from the drafter the run before it writes.
+  before = train_eagle.get_config(continues) if continues else train_eagle.get_config()
+  assert cfg.init_from == os.path.join(before.output_dir, 'drafter')
+  assert cfg.data_dir != before.data_dir
 
 
 def test_prompted_data_needs_a_target_with_a_tokenizer(tmp_path):

@@ -27,8 +27,11 @@ CALIBRATION = 'calibration.jsonl'
 # 128 of them, none taken from Spec-Bench or MT-bench: training prompts whose text is
 # shaped like the prompts drafters are measured on.
 INSTRUCTIONS = 'instructions.jsonl'
+# 128 more of the same kinds on other topics, written after INSTRUCTIONS and sharing none of
+# its prompts: the third EAGLE recipe's prompts (configs/train_eagle.py:requests).
+REQUESTS = 'requests.jsonl'
 # The named prompt sets a drafter's training data may start from (`distill_data.Recipe`).
-PROMPT_SETS = {'calibration': CALIBRATION, 'instructions': INSTRUCTIONS}
+PROMPT_SETS = {'calibration': CALIBRATION, 'instructions': INSTRUCTIONS, 'requests': REQUESTS}
 
 
 @dataclasses.dataclass(frozen=True)
